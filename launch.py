@@ -1,0 +1,114 @@
+"""Serve Rollout Studio: ``python launch.py`` (or ``panel serve launch.py``).
+
+With no arguments it serves the embedded default at http://127.0.0.1:5006: a DuckDB store
+seeded with the sample rollouts, and the sample policy for Generate.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+import webbrowser
+from pathlib import Path
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_loopback(address: str) -> bool:
+    if address in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def can_show() -> bool:
+    """Whether opening the user's browser makes sense (a display, a registered browser)."""
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return False
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from studio.store import default_db_path
+
+    ap = argparse.ArgumentParser(prog="launch.py", description="Serve Rollout Studio.")
+    ap.add_argument("--db", type=Path, default=None,
+                    help=f"DuckDB store; created and seeded with sample rollouts if missing (default {default_db_path()})")
+    ap.add_argument("--policy", type=Path, default=None, help="policy folder for Generate (default: the sample policy)")
+    ap.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
+    ap.add_argument("--address", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1); any other needs --basic-auth or --oauth-provider")
+    ap.add_argument("--basic-auth", default=None, help="password, or a file of user:password lines (Panel basic auth)")
+    ap.add_argument("--oauth-provider", default=None, help="Panel OAuth provider (with PANEL_OAUTH_* settings)")
+    ap.add_argument("--cookie-secret", default=None, help="cookie secret for authentication (random if omitted)")
+    ap.add_argument("--no-show", action="store_true", help="do not open a browser")
+    ap.add_argument("--check", action="store_true", help="build the app headless, report, and exit")
+    args = ap.parse_args(argv)
+    if not 0 < args.port < 65536:
+        ap.error(f"--port must be 1-65535, got {args.port}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not is_loopback(args.address) and not (args.basic_auth or args.oauth_provider):
+        print(f"error: refusing to listen on {args.address} without authentication: the studio runs code and "
+              "trains models. Add --basic-auth PASSWORD (or a file of user:password lines), or --oauth-provider, "
+              "or keep the default --address 127.0.0.1.", file=sys.stderr)
+        return 2
+
+    import panel as pn
+
+    from backends.policy import PolicyLoadError, check_policy_folder
+    from sample_data import POLICY_DIR, ROLLOUTS_DIR
+    from studio.app import create_app
+    from studio.store import Store, StoreError, default_db_path
+
+    db = args.db or default_db_path()
+    policy = (args.policy or POLICY_DIR).expanduser().resolve()
+    try:
+        store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_policy_folder(policy)
+    except PolicyLoadError as exc:
+        print(f"error: --policy: {exc}", file=sys.stderr)
+        return 2
+
+    if args.check:
+        app = create_app(db, policy, store=store)
+        app.server_doc()  # builds every Bokeh model, as a browser session would
+        c = store.counts()
+        print(f"ok: {db} ({c['rollouts']} rollouts, {c['tokens']} tokens, {c['runs']} runs); policy {policy}")
+        store.close()
+        return 0
+
+    show = not args.no_show and can_show()
+    origins = [f"{h}:{args.port}" for h in ({args.address} | ({"localhost", "127.0.0.1"} if is_loopback(args.address) else set()))]
+    auth = {}
+    if args.basic_auth:
+        auth.update(basic_auth=args.basic_auth, cookie_secret=args.cookie_secret or os.urandom(24).hex())
+    if args.oauth_provider:
+        auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
+    print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
+    pn.serve({"/": lambda: create_app(db, policy, store=store)}, port=args.port, address=args.address,
+             websocket_origin=origins, show=show, title="Rollout Studio", threaded=False, **auth)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+elif __name__.startswith("bokeh_app"):
+    # `panel serve launch.py`: settings come from ROLLOUT_STUDIO_DB / ROLLOUT_STUDIO_POLICY.
+    from studio.app import create_app
+
+    create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY")).servable()

@@ -1,0 +1,103 @@
+"""The served studio: composition only (the one module of ``studio`` that imports Panel).
+
+``create_app`` builds one browser session's page. The store is opened once per server
+process and shared by every session (one owner of the DuckDB file).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import panel as pn
+
+from backends.device import pick_device
+from sample_data import POLICY_DIR, ROLLOUTS_DIR
+
+from .store import Store, StoreError, default_db_path
+
+TITLE = "Rollout Studio"
+
+
+def open_shared_store(db_path: str | Path) -> Store:
+    """The process-wide store for ``db_path`` (created and seeded on first use)."""
+    key = f"rollout-studio-store:{Path(db_path).expanduser().resolve()}"
+    return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=ROLLOUTS_DIR))
+
+
+def describe_policy(path: str | Path) -> str:
+    """One line naming the policy folder, its architecture and where it will run."""
+    p = Path(path)
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+        arch = cfg.get("model_type", "?")
+    except (OSError, ValueError):
+        return f"{p} (not a model folder: Generate will say why)"
+    name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
+    return f"{name} · {arch} · local {pick_device()}"
+
+
+def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,
+               store: Store | None = None) -> pn.template.BootstrapTemplate:
+    """Build the studio page for one session."""
+    from widgets.generate_panel import GeneratePanel
+    from widgets.group_view import GroupView
+    from widgets.rollout_table import RolloutTable
+    from widgets.state import StudioState
+    from widgets.style import CSS, banner, esc
+    from widgets.token_strip import TokenStrip
+
+    pn.extension("tabulator", design="bootstrap", notifications=False)
+    db_path = db_path or default_db_path()
+    policy_path = Path(policy_path or POLICY_DIR)
+    # Bootstrap rather than Fast: Fast's design fetches a web font, and the studio must
+    # render with no network.
+    template = pn.template.BootstrapTemplate(
+        title=TITLE, header_background="#1f2937", sidebar_width=340,
+    )
+    try:
+        store = store or open_shared_store(db_path)
+    except StoreError as exc:
+        template.main.append(pn.pane.HTML(banner("error", str(exc)), stylesheets=[CSS], sizing_mode="stretch_width"))
+        return template
+
+    state = StudioState(store=store, policy_path=str(policy_path))
+    table = RolloutTable(state=state)
+    strip = TokenStrip(state=state)
+    group = GroupView(state=state)
+    gen = GeneratePanel(state=state)
+
+    def section(title: str) -> pn.pane.HTML:
+        return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
+                            f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
+
+    counts = store.counts()
+    info = pn.pane.HTML(
+        f'<div class="meta-line" style="flex-direction:column;gap:2px">'
+        f'<span>store <b>{esc(Path(store.path).name)}</b> · {counts["rollouts"]:,} rollouts</span>'
+        f'<span>policy <b>{esc(describe_policy(policy_path))}</b></span></div>',
+        stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 10))
+    channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
+                                                     button_type="light", sizing_mode="stretch_width",
+                                                     css_classes=["channel-picker"])
+    template.sidebar.extend([
+        info,
+        section("Colour tokens by"), channel,
+        pn.layout.Divider(),
+        section("Filter rollouts"), table.controls,
+        pn.layout.Divider(),
+        pn.Card(gen, title="Generate", collapsed=False, sizing_mode="stretch_width", css_classes=["generate-card"],
+                header_background="#eef2ff"),
+    ])
+    card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
+    template.main.extend([
+        pn.Row(
+            pn.Card(table, title="Rollouts", **card, styles={"flex": "1 1 58%"}),
+            pn.Card(strip, title="Token strip", **card, styles={"flex": "1 1 42%"}, min_height=300),
+            sizing_mode="stretch_width",
+        ),
+        pn.Card(group, title="Group view", **card),
+    ])
+    template.header.append(pn.pane.HTML(
+        '<span style="color:#cbd5e1;font-size:13px">per-token logprobs, entropy and advantages of every '
+        "stored rollout</span>", margin=(14, 10)))
+    return template

@@ -1,0 +1,165 @@
+"""Generate: sample a policy on prompts in a worker, score, and store, chunk by chunk.
+
+The owner process (server or CLI) calls :func:`generate`; sampling runs in the worker
+pool, and each finished chunk is scored and written in one transaction, so progress is
+visible and a crash or cancel loses at most the chunk in flight (never half of one).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from backends.policy import PolicyLoadError, check_policy_folder
+
+from . import workers
+from .records import generation_rows, new_id, now, prompt_rows
+from .vocab import policy_label
+from .rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
+from .store import Store
+from .tasks import Prompt, Task, TaskParseError, get_task
+
+
+@dataclass
+class GenerateConfig:
+    """Sampling settings of one Generate run (the UI form and the CLI are bound to these)."""
+
+    group_size: int = 8
+    """Completions sampled per prompt: one GRPO group."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy. Statistics always describe the policy at temperature 1."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 samples from the full distribution."""
+    max_new_tokens: int = 48
+    """Longest completion, in tokens."""
+    seed: int = 0
+    """Seed of the sampler; the same seed, prompts and policy give the same rollouts."""
+    top_k_stats: int = 5
+    """Most likely alternatives recorded per token (shown in the hover card)."""
+
+    def validate(self) -> None:
+        problems = []
+        if not 1 <= self.group_size <= 64:
+            problems.append(f"group size must be 1-64, got {self.group_size}")
+        if not 0 <= self.temperature <= 5:
+            problems.append(f"temperature must be 0-5, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 1 <= self.max_new_tokens <= 4096:
+            problems.append(f"max new tokens must be 1-4096, got {self.max_new_tokens}")
+        if not 1 <= self.top_k_stats <= 20:
+            problems.append(f"top-k statistics must be 1-20, got {self.top_k_stats}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass
+class GenerateResult:
+    run_id: str
+    status: str  # done | cancelled | failed
+    rollouts: int = 0
+    error: str | None = None
+    device: str | None = None
+    group_ids: list[str] = field(default_factory=list)
+
+
+def parse_prompts(task: Task, texts: list[str]) -> list[Prompt]:
+    """Read typed or picked prompts; every unreadable line is named in one error."""
+    prompts, bad = [], []
+    for i, text in enumerate(t for t in texts if t.strip()):
+        try:
+            prompts.append(task.parse_prompt(text))
+        except TaskParseError as exc:
+            bad.append(f"prompt {i + 1}: {exc}")
+    if bad:
+        raise TaskParseError("; ".join(bad))
+    if not prompts:
+        raise TaskParseError("no prompts given: pick sample prompts or type one per line, like 'Q: 23+48-7='")
+    return prompts
+
+
+def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: list, rule: Rule,
+           policy_version: str | None) -> tuple[int, list[str]]:
+    """Score ``gens`` and write prompts, rollouts, tokens and rewards in one transaction."""
+    rollouts, tokens = generation_rows(run_id, task, prompts, gens, policy_version)
+    items = [(rid, prompts[g.prompt_index], g.text) for rid, g in zip(rollouts["rollout_id"], gens)]
+    rewards = score_frame(rule, task, items)
+    store.write({"prompts": prompt_rows(task, prompts), "rule_versions": rule_version_frame(rule),
+                 "rollouts": rollouts, "tokens": tokens, "rewards": rewards})
+    return len(rollouts), list(dict.fromkeys(rollouts["group_id"]))
+
+
+def start_run(store: Store, kind: str, name: str, policy: str, task: str, config: dict) -> str:
+    run_id = new_id("run_")
+    store.write({"runs": pd.DataFrame([{
+        "run_id": run_id, "kind": kind, "name": name, "policy": policy, "task": task,
+        "config": json.dumps(config), "created_at": now(), "status": "running"}])})
+    return run_id
+
+
+def set_status(store: Store, run_id: str, status: str) -> None:
+    with store.transaction() as cur:
+        cur.execute("UPDATE runs SET status = ? WHERE run_id = ?", [status, run_id])
+
+
+async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str],
+                   config: GenerateConfig = GenerateConfig(), task: str = "arithmetic",
+                   rule: Rule | None = None, executor: Executor | None = None,
+                   on_progress: Callable[[int, int, str], None] | None = None,
+                   cancel: threading.Event | None = None, chunk_prompts: int = 4,
+                   name: str | None = None) -> GenerateResult:
+    """Sample ``config.group_size`` completions for each prompt and store them.
+
+    Bad input (unparsable prompt, missing policy folder, invalid settings) raises before
+    anything is written. ``on_progress(done, total, message)`` is called after every chunk.
+    """
+    config.validate()
+    the_task = get_task(task)
+    prompts = parse_prompts(the_task, prompt_texts)
+    policy_path = Path(policy_path).expanduser().resolve()
+    check_policy_folder(policy_path)
+    rule = rule or DEFAULT_RULES[the_task.name]
+    executor = executor or workers.pool()
+    run_id = start_run(store, "generate", name or f"generate · {len(prompts)} prompts × {config.group_size}",
+                       policy_label(policy_path), the_task.name, asdict(config))
+    result = GenerateResult(run_id=run_id, status="running")
+    chunks = [prompts[i:i + chunk_prompts] for i in range(0, len(prompts), chunk_prompts)]
+    total = len(prompts) * config.group_size
+    kwargs = {k: v for k, v in asdict(config).items() if k != "group_size"}
+    kwargs["n"] = config.group_size
+    try:
+        for i, chunk in enumerate(chunks):
+            if cancel is not None and cancel.is_set():
+                result.status = "cancelled"
+                break
+            kw = dict(kwargs, seed=config.seed + 7919 * i)  # distinct, reproducible stream per chunk
+            fut = executor.submit(workers.sample_job, str(policy_path), [p.text for p in chunk], kw)
+            gens, version, result.device = await asyncio.wrap_future(fut)
+            n, gids = ingest(store, run_id, the_task, chunk, gens, rule, version)
+            result.rollouts += n
+            result.group_ids += gids
+            if on_progress:
+                on_progress(result.rollouts, total, f"{result.rollouts}/{total} rollouts stored")
+        else:
+            result.status = "done"
+    except BrokenProcessPool:
+        workers.reset_pool()
+        result.status, result.error = "failed", "the sampling worker died (out of memory?); it will be restarted on the next run"
+    except PolicyLoadError as exc:
+        result.status, result.error = "failed", str(exc)
+    except Exception as exc:
+        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+    set_status(store, run_id, result.status)
+    return result
+
+
+def generate_sync(*args, **kwargs) -> GenerateResult:
+    """:func:`generate` for scripts and the CLI (no running event loop)."""
+    return asyncio.run(generate(*args, **kwargs))

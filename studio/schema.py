@@ -1,0 +1,121 @@
+"""The store's data model: one row per thing, ids everywhere, nothing overwritten.
+
+``SCHEMA_VERSION`` is written into the ``meta`` table. A store from a newer version is
+refused (its data is left untouched); older versions are migrated forward by the
+functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
+"""
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+TABLES: dict[str, str] = {
+    "meta": """
+        key VARCHAR PRIMARY KEY,
+        value VARCHAR
+    """,
+    "runs": """
+        run_id VARCHAR PRIMARY KEY,
+        kind VARCHAR NOT NULL,          -- sample | generate | minirun | import
+        name VARCHAR,
+        policy VARCHAR,
+        task VARCHAR,
+        config JSON,
+        parent_run_id VARCHAR,
+        created_at TIMESTAMP,
+        status VARCHAR                  -- running | done | failed | cancelled
+    """,
+    "prompts": """
+        prompt_id VARCHAR PRIMARY KEY,  -- hash of task + text: one id per distinct prompt
+        task VARCHAR,
+        text VARCHAR NOT NULL,
+        gold JSON,
+        meta JSON
+    """,
+    "rollouts": """
+        rollout_id VARCHAR PRIMARY KEY,
+        run_id VARCHAR NOT NULL,
+        train_step INTEGER,
+        prompt_id VARCHAR NOT NULL,
+        group_id VARCHAR NOT NULL,      -- the completions sampled together for one prompt
+        sample_idx INTEGER,
+        text VARCHAR,
+        n_tokens INTEGER,
+        finish_reason VARCHAR,          -- stop | length
+        parent_rollout_id VARCHAR,      -- set on fork branches
+        fork_pos INTEGER,
+        forced_token_id INTEGER,
+        policy_version VARCHAR,
+        created_at TIMESTAMP
+    """,
+    "tokens": """
+        rollout_id VARCHAR NOT NULL,
+        pos INTEGER NOT NULL,           -- 0-based index in the completion
+        token_id INTEGER,
+        token_text VARCHAR,
+        logprob FLOAT,                  -- log pi(token | context), temperature 1
+        entropy FLOAT,                  -- entropy of the full next-token distribution, nats
+        topk_ids INTEGER[],
+        topk_logprobs FLOAT[],
+        ref_logprob FLOAT,
+        step_idx INTEGER                -- which reasoning step the token belongs to (NULL: none)
+    """,
+    "rule_versions": """
+        rule_version_id VARCHAR PRIMARY KEY,
+        name VARCHAR,
+        source VARCHAR,
+        sha256 VARCHAR,
+        created_at TIMESTAMP,
+        note VARCHAR
+    """,
+    "rewards": """
+        rollout_id VARCHAR NOT NULL,
+        rule_version_id VARCHAR NOT NULL,
+        component VARCHAR NOT NULL,     -- 'total' is the composed reward
+        value DOUBLE,
+        error VARCHAR
+    """,
+    "step_rewards": """
+        rollout_id VARCHAR NOT NULL,
+        step_idx INTEGER NOT NULL,
+        start_pos INTEGER,
+        end_pos INTEGER,
+        source VARCHAR NOT NULL,
+        value DOUBLE
+    """,
+    "metrics": """
+        run_id VARCHAR NOT NULL,
+        train_step INTEGER,
+        name VARCHAR NOT NULL,
+        value DOUBLE
+    """,
+    "preferences": """
+        pair_id VARCHAR PRIMARY KEY,
+        prompt_id VARCHAR,
+        chosen_rollout_id VARCHAR,
+        rejected_rollout_id VARCHAR,
+        origin VARCHAR,
+        margin DOUBLE,
+        status VARCHAR,
+        note VARCHAR
+    """,
+}
+
+# Tables that the sample Parquet files seed, in load order.
+SEEDED = ("runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
+
+# version -> list of SQL statements that bring a store from version-1 to version.
+MIGRATIONS: dict[int, list[str]] = {}
+
+
+def ddl() -> list[str]:
+    return [f"CREATE TABLE IF NOT EXISTS {name} ({cols})" for name, cols in TABLES.items()]
+
+
+def columns(table: str) -> list[str]:
+    """Column names of ``table`` in declaration order."""
+    out = []
+    for line in TABLES[table].strip().splitlines():
+        line = line.split("--")[0].strip().rstrip(",")
+        if line:
+            out.append(line.split()[0])
+    return out

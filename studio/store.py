@@ -1,0 +1,205 @@
+"""The DuckDB store: one owner process, parameterised SQL, a cursor per call.
+
+The process that opens a :class:`Store` owns the file; workers hand it results as
+DataFrames/Arrow tables and :meth:`Store.write` inserts them in one transaction, so a
+crash mid-write leaves nothing half-written. A new store is built next to its final path
+and renamed into place, so an interrupted seed never leaves a half-seeded file.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from . import schema
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written; the message says why and what to do."""
+
+
+def default_db_path() -> Path:
+    """``$ROLLOUT_STUDIO_DB`` or ``~/.local/share/rollout-studio/studio.duckdb``."""
+    env = os.environ.get("ROLLOUT_STUDIO_DB")
+    if env:
+        return Path(env).expanduser()
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return base / "rollout-studio" / "studio.duckdb"
+
+
+class Store:
+    """A rollout store in one DuckDB file (or ``:memory:``).
+
+    Use :meth:`open` rather than the constructor: it creates, seeds and checks the schema.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
+        self._con = con
+        self.path = path
+        self._write_lock = threading.Lock()
+
+    # -- opening -------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | None = None) -> "Store":
+        """Open ``path``, creating it (seeded from ``seed_dir``'s Parquet files) if missing.
+
+        Raises:
+            StoreError: the file is not a DuckDB file, is locked by another process, or was
+                written by a newer version of the studio. The file is left untouched.
+        """
+        if str(path) == ":memory:":
+            store = cls(duckdb.connect(":memory:"), ":memory:")
+            store._create()
+            if seed_dir is not None:
+                store.seed(seed_dir)
+            return store
+        path = Path(path).expanduser()
+        if not path.exists():
+            cls._build(path, seed_dir)
+        con = _connect(path)
+        store = cls(con, str(path))
+        try:
+            store._check_and_migrate()
+        except Exception:
+            con.close()
+            raise
+        return store
+
+    @classmethod
+    def _build(cls, path: Path, seed_dir: str | Path | None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.building-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        con = duckdb.connect(str(tmp))
+        try:
+            store = cls(con, str(tmp))
+            store._create()
+            if seed_dir is not None:
+                store.seed(seed_dir)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        tmp.replace(path)
+
+    def _create(self) -> None:
+        with self.transaction() as cur:
+            for stmt in schema.ddl():
+                cur.execute(stmt)
+            cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
+
+    def _check_and_migrate(self) -> None:
+        try:
+            row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except duckdb.Error:
+            raise StoreError(
+                f"{self.path} is a DuckDB file but not a Rollout Studio store (no meta table); "
+                "give a new path with --db, and the studio will create one there") from None
+        version = int(row[0]) if row else 0
+        if version > schema.SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer Rollout Studio (schema {version}); this "
+                f"version reads schema {schema.SCHEMA_VERSION} and older. Upgrade rollout-studio "
+                "to open it; the file was not changed.")
+        if version < schema.SCHEMA_VERSION:
+            with self.transaction() as cur:
+                for v in range(version + 1, schema.SCHEMA_VERSION + 1):
+                    for stmt in schema.MIGRATIONS.get(v, []):
+                        cur.execute(stmt)
+                for stmt in schema.ddl():
+                    cur.execute(stmt)
+                cur.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(schema.SCHEMA_VERSION)])
+
+    def seed(self, folder: str | Path) -> None:
+        """Load ``<table>.parquet`` files from ``folder`` into the matching tables, atomically."""
+        folder = Path(folder)
+        with self.transaction() as cur:
+            for table in schema.SEEDED:
+                f = folder / f"{table}.parquet"
+                if f.exists():
+                    cols = ", ".join(schema.columns(table))
+                    cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM read_parquet(?)", [str(f)])
+
+    def close(self) -> None:
+        self._con.close()
+
+    # -- reading -------------------------------------------------------------------------
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor of the shared connection: use one per call, from any thread."""
+        return self._con.cursor()
+
+    def df(self, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
+        """Run a parameterised query and return a DataFrame."""
+        return self.cursor().execute(sql, params or []).df()
+
+    def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
+        row = self.cursor().execute(sql, params or []).fetchone()
+        return row[0] if row else None
+
+    # -- writing -------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor inside BEGIN/COMMIT; any exception rolls everything back."""
+        with self._write_lock:
+            cur = self.cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+
+    def write(self, frames: dict[str, pd.DataFrame], cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        """Insert DataFrames (or Arrow tables) into their tables in one transaction.
+
+        Columns are matched by name; columns a frame lacks are NULL.
+        """
+        if cur is None:
+            with self.transaction() as c:
+                return self.write(frames, c)
+        for i, (table, frame) in enumerate(frames.items()):
+            if table not in schema.TABLES:
+                raise StoreError(f"unknown table {table!r}")
+            if len(frame) == 0:
+                continue
+            known = schema.columns(table)
+            names = list(frame.column_names) if isinstance(frame, pa.Table) else list(frame.columns)
+            extra = [c for c in names if c not in known]
+            if extra:
+                raise StoreError(f"table {table!r} has no columns {extra}")
+            view = f"_incoming_{i}"
+            cur.register(view, frame)
+            try:
+                cols = ", ".join(names)
+                # prompts and rule versions are shared by content hash: a second insert is a no-op
+                verb = "INSERT OR IGNORE" if table in ("prompts", "rule_versions") else "INSERT"
+                cur.execute(f"{verb} INTO {table} ({cols}) SELECT {cols} FROM {view}")
+            finally:
+                cur.unregister(view)
+
+    def counts(self) -> dict[str, int]:
+        return {t: self.scalar(f"SELECT count(*) FROM {t}") for t in ("runs", "prompts", "rollouts", "tokens")}
+
+
+def _connect(path: Path) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        msg = str(exc)
+        if "lock" in msg.lower():
+            raise StoreError(
+                f"{path} is open in another process (DuckDB allows one). Close the other studio "
+                f"or CLI using it, or pass a different --db. ({msg.splitlines()[0]})") from None
+        raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}. The file was not changed.") from None
+    except duckdb.Error as exc:
+        raise StoreError(
+            f"{path} is not a readable DuckDB store ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
+            "It may be corrupt or not a DuckDB file; it was not changed. Pass another path with --db "
+            "to start a fresh store.") from None

@@ -1,0 +1,149 @@
+"""The DuckDB store: round trips, atomic writes, and refusing bad files without touching them."""
+import hashlib
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from sample_data import ROLLOUTS_DIR
+from studio import queries, schema
+from studio.generation import ingest, start_run
+from studio.rewards import ARITHMETIC_V1
+from studio.store import Store, StoreError
+from studio.tasks import get_task
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_new_store_is_seeded_with_the_sample_rollouts(seeded_store):
+    c = seeded_store.counts()
+    shipped = pd.read_parquet(ROLLOUTS_DIR / "rollouts.parquet")
+    assert c["rollouts"] == len(shipped) >= 256 and c["tokens"] > 10 * c["rollouts"]
+    assert seeded_store.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION)
+    # every rollout has its components under the built-in rule version
+    per = seeded_store.df("SELECT rollout_id, count(*) AS n FROM rewards GROUP BY 1")
+    assert len(per) == c["rollouts"] and set(per["n"]) == {4}
+
+
+def test_generation_round_trip(sample_policy, tmp_path):
+    task = get_task("arithmetic")
+    prompts = [task.parse_prompt("Q: 23+48-7="), task.parse_prompt("Q: 5-9=")]
+    gens = sample_policy.sample([p.text for p in prompts], n=3, seed=2)
+    path = tmp_path / "s.duckdb"
+    store = Store.open(path)
+    run = start_run(store, "generate", "test", "sample", "arithmetic", {})
+    n, groups = ingest(store, run, task, prompts, gens, ARITHMETIC_V1, "policy@abc")
+    assert n == 6 and len(groups) == 2
+    store.close()
+
+    store = Store.open(path)  # survives a reopen
+    table = queries.rollout_table(store)
+    assert len(table) == 6 and table.groupby("group_id").size().tolist() == [3, 3]
+    g0 = next(g for g in gens if g.prompt_index == 0)
+    row = table[(table.prompt == "Q: 23+48-7=") & (table.completion == g0.text)].iloc[0]
+    toks = queries.tokens(store, row.rollout_id)
+    assert toks["token_id"].tolist() == g0.token_ids.tolist()
+    assert toks["token_text"].tolist() == g0.token_texts
+    assert toks["entropy"].to_numpy() == pytest.approx(g0.entropies, abs=1e-6)
+    assert [list(x) for x in toks["topk_ids"]] == g0.topk_ids.tolist()
+    expected = ARITHMETIC_V1.score(task, prompts[0], g0.text)
+    assert queries.rollout(store, row.rollout_id)["components"] == pytest.approx(expected)
+    store.close()
+
+
+def test_step_index_follows_the_task_spans(sample_policy):
+    from studio.records import step_index
+
+    task = get_task("arithmetic")
+    p = task.parse_prompt("Q: 23+48-7=")
+    texts = list("23+48=71;71-7=64;A:64") + ["<eos>"]
+    idx = step_index(texts, task, p, "23+48=71;71-7=64;A:64")
+    # 8 chars + ';' in step 0, 7 chars + ';' in step 1, answer and end token in none
+    assert idx == [0] * 9 + [1] * 8 + [None] * 5
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    store = Store.open(tmp_path / "s.duckdb")
+    good = pd.DataFrame([{"run_id": "r1", "kind": "generate", "name": "ok"}])
+    bad = pd.DataFrame([{"rollout_id": "x", "not_a_column": 1}])
+    with pytest.raises(StoreError, match="no columns"):
+        store.write({"runs": good, "rollouts": bad})
+    assert store.scalar("SELECT count(*) FROM runs") == 0
+
+
+def test_corrupt_file_is_refused_and_untouched(tmp_path):
+    path = tmp_path / "corrupt.duckdb"
+    path.write_bytes(b"DUCK" + bytes(range(256)) * 64)
+    before = digest(path)
+    with pytest.raises(StoreError, match="not a readable DuckDB store|cannot open"):
+        Store.open(path)
+    assert digest(path) == before
+
+
+def test_newer_schema_is_refused_and_untouched(tmp_path):
+    path = tmp_path / "future.duckdb"
+    store = Store.open(path)
+    with store.transaction() as cur:
+        cur.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    store.close()
+    before = digest(path)
+    with pytest.raises(StoreError, match="newer Rollout Studio \\(schema 999\\)"):
+        Store.open(path)
+    assert digest(path) == before
+
+
+def test_duckdb_file_that_is_not_a_store(tmp_path):
+    import duckdb
+
+    path = tmp_path / "other.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE x AS SELECT 1 AS a")
+    con.close()
+    with pytest.raises(StoreError, match="not a Rollout Studio store"):
+        Store.open(path)
+
+
+def test_file_locked_by_another_process(tmp_path):
+    path = tmp_path / "busy.duckdb"
+    Store.open(path).close()
+    holder = subprocess.Popen([sys.executable, "-c",
+                               f"import duckdb,sys,time; c=duckdb.connect({str(path)!r}); print('ready', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreError, match="open in another process"):
+            Store.open(path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_filters(seeded_store):
+    all_rows = queries.rollout_table(seeded_store)
+    ok = queries.rollout_table(seeded_store, queries.RolloutFilter(correct=True))
+    bad = queries.rollout_table(seeded_store, queries.RolloutFilter(correct=False))
+    assert len(ok) + len(bad) == len(all_rows) and ok["correct"].all() and not bad["correct"].any()
+    hi = queries.rollout_table(seeded_store, queries.RolloutFilter(reward_min=1.0))
+    assert (hi["reward"] >= 1.0).all() and len(hi) > 0
+    some = all_rows["prompt"].iloc[0]
+    by_prompt = queries.rollout_table(seeded_store, queries.RolloutFilter(prompt_contains=some[3:]))
+    assert set(by_prompt["prompt"]) >= {some} and len(by_prompt) < len(all_rows)
+    # filtering never changes a rollout's advantage (it is computed over the whole group)
+    merged = ok.merge(all_rows, on="rollout_id", suffixes=("", "_all"))
+    assert merged["advantage"].to_numpy() == pytest.approx(merged["advantage_all"].to_numpy())
+    # SQL-looking input is just text
+    assert queries.rollout_table(seeded_store, queries.RolloutFilter(prompt_contains="'; DROP TABLE rollouts; --")).empty
+    assert seeded_store.counts()["rollouts"] == len(all_rows)
+
+
+def test_group_view_data(seeded_store):
+    gs = queries.groups(seeded_store)
+    g = queries.group(seeded_store, gs["group_id"].iloc[0])
+    assert len(g) == gs["size"].iloc[0] and g.attrs["components"] == ["accuracy", "format", "steps"]
+    assert g["advantage"].sum() == pytest.approx(0.0, abs=1e-6)
+    flagged = gs[gs["all_equal"]]
+    for gid in flagged["group_id"]:
+        assert (queries.group(seeded_store, gid)["advantage"] == 0).all()

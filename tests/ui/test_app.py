@@ -1,0 +1,187 @@
+"""The served studio in real Chromium: what a person sees and does."""
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from .conftest import Server
+
+pytestmark = pytest.mark.ui
+
+
+DEEP_TEXT = """el => {
+  const walk = n => {
+    let t = n.shadowRoot ? walk(n.shadowRoot) : "";
+    for (const c of n.childNodes) t += c.nodeType === 3 ? c.textContent : walk(c);
+    return t;
+  };
+  return walk(el);
+}"""
+
+
+def text(locator) -> str:
+    """Text of an element including its shadow roots (Panel renders into shadow DOM)."""
+    return locator.first.evaluate(DEEP_TEXT)
+
+
+def wait_text(page, locator, needle: str, timeout_s: float = 20) -> str:
+    """Poll the shadow-DOM text of ``locator`` until it contains ``needle``."""
+    deadline = time.time() + timeout_s
+    while True:
+        got = text(locator)
+        if needle in got or time.time() > deadline:
+            assert needle in got, f"{needle!r} not in {got!r}"
+            return got
+        page.wait_for_timeout(200)
+
+
+def strip_colours(page) -> list[str]:
+    return page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.style.background)")
+
+
+def open_row(page, n: int) -> None:
+    page.locator(".tabulator-row").nth(n).click()
+    page.wait_for_selector(".token-strip .tok", timeout=20_000)
+
+
+def test_page_loads_with_table_legend_and_no_traceback(page):
+    assert "Rollout Studio" in page.title()
+    count = text(page.locator(".table-count"))
+    assert re.search(r"\d+ of \d+ rollouts match", count)
+    assert page.locator(".tabulator-row").count() >= 10
+    assert page.get_by_text("Select a rollout in the table").is_visible()
+    assert page.locator(".token-strip .tok").count() == 0
+    assert "Traceback" not in page.content()
+
+
+def test_selecting_a_row_shows_its_tokens(page):
+    open_row(page, 0)
+    completion0 = page.locator(".tabulator-row").nth(0).locator("[tabulator-field=completion]").inner_text()
+    toks = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
+    assert "".join(t for t in toks if not t.startswith("<")).startswith(completion0.strip()[:10])
+    open_row(page, 3)
+    completion3 = page.locator(".tabulator-row").nth(3).locator("[tabulator-field=completion]").inner_text()
+    page.wait_for_timeout(500)
+    toks3 = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
+    assert "".join(t for t in toks3 if not t.startswith("<")).startswith(completion3.strip()[:10])
+
+
+def test_switching_the_channel_recolours_the_strip(page):
+    open_row(page, 1)
+    before = strip_colours(page)
+    assert page.locator(".token-strip .strip").get_attribute("data-channel") == "entropy"
+    page.locator(".channel-picker button", has_text="logprob").click()
+    page.wait_for_selector('.token-strip .strip[data-channel="logprob"]', timeout=10_000)
+    after = strip_colours(page)
+    assert len(after) == len(before) and after != before
+    page.locator(".channel-picker button", has_text="advantage").click()
+    page.wait_for_selector('.token-strip .strip[data-channel="advantage"]', timeout=10_000)
+    adv = strip_colours(page)
+    assert len(set(adv)) == 1  # a sequence-level advantage colours every token alike
+    assert "GRPO advantage" in text(page.locator(".strip-legend"))
+
+
+def test_hover_card_shows_value_and_top5_alternatives(page):
+    open_row(page, 2)
+    tok = page.locator(".token-strip .tok").nth(1)
+    card = tok.locator(".card")
+    assert not card.is_visible()
+    tok.hover()
+    card.wait_for(state="visible", timeout=5_000)
+    card_text = card.inner_text()
+    assert "top-5 alternatives" in card_text and "entropy" in card_text and "log-prob" in card_text
+    probs = [float(x) for x in re.findall(r"\b0\.\d{3}\b|\b1\.000\b", card_text)]
+    assert card.locator("tr").count() == 6  # header + 5 alternatives
+    assert len(probs) >= 5 and all(0 <= p <= 1 for p in probs)
+    # alternatives come sorted by probability
+    alt = card.locator("tr td:last-child").all_inner_texts()
+    vals = [float(v) for v in alt if re.fullmatch(r"[01]\.\d{3}", v)]
+    assert vals == sorted(vals, reverse=True)
+
+
+def test_group_view_shows_every_completion_with_advantages(page):
+    open_row(page, 0)
+    page.wait_for_selector(".group-card", timeout=20_000)
+    cards = page.locator(".group-card")
+    assert cards.count() >= 2
+    grid = text(page.locator(".group-grid"))
+    assert grid.count("reward") == cards.count() and "accuracy" in grid and "adv" in grid
+
+
+def test_typed_prompt_that_cannot_be_parsed_is_reported(page, server):
+    before = text(page.locator(".table-count"))
+    page.locator(".typed-prompts textarea").fill("what is two plus two?")
+    page.locator(".typed-prompts textarea").press("Tab")
+    page.locator(".generate-button button").click()
+    page.wait_for_selector(".generate-status .banner.error", timeout=20_000)
+    assert "cannot read 'what is two plus two?'" in text(page.locator(".generate-status"))
+    assert text(page.locator(".table-count")) == before
+
+
+def test_generate_adds_rows_while_the_page_stays_responsive(page):
+    total = int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
+    page.locator(".typed-prompts textarea").fill("Q: 12+34=\nQ: 50-7+8=")
+    page.locator(".typed-prompts textarea").press("Tab")
+    page.locator(".group-size input").fill("3")
+    page.locator(".group-size input").press("Tab")
+    page.locator(".generate-button button").click()
+    # while the worker samples, the page still answers: switch channel and see it applied
+    page.locator(".channel-picker button", has_text="logprob").click()
+    page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
+    status = text(page.locator(".generate-status"))
+    assert "done: 6 rollouts stored" in status
+    wait_text(page, page.locator(".table-count"), f"of {total + 6:,} rollouts")
+    # the new group is shown in the group view
+    page.wait_for_selector(".group-card", timeout=20_000)
+    assert page.locator(".group-card").count() == 3
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    """A store holding completions that try to inject HTML/JS."""
+    from sample_data import ROLLOUTS_DIR
+    from studio.generation import ingest, start_run
+    from studio.rewards import ARITHMETIC_V1
+    from studio.store import Store
+    from studio.tasks import get_task
+    from backends import Generation
+
+    db = tmp_path_factory.mktemp("xss") / "xss.duckdb"
+    store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+    task = get_task("arithmetic")
+    prompt = task.parse_prompt("Q: 1+1=")
+    nasty = ["<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>", "**bold** [x](javascript:1)"]
+    gens = []
+    for i, text in enumerate(nasty):
+        pieces = [text[j:j + 5] for j in range(0, len(text), 5)]
+        T = len(pieces)
+        gens.append(Generation(0, i, prompt.text, text, np.arange(T), pieces, np.full(T, -0.5, np.float32),
+                               np.full(T, 0.3, np.float32), np.zeros((T, 5), np.int64) + 7,
+                               np.full((T, 5), -1.0, np.float32), "stop"))
+    run = start_run(store, "import", "hostile <b>run</b>", "sample", "arithmetic", {})
+    ingest(store, run, task, [prompt], gens, ARITHMETIC_V1, None)
+    store.close()
+    s = Server(db)
+    yield s
+    s.stop()
+
+
+def test_completions_render_as_text_never_as_html(browser, hostile_server):
+    pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+    pg.goto(hostile_server.url)
+    pg.wait_for_selector(".tabulator-row", timeout=60_000)
+    for n in range(3):
+        row = pg.locator(".tabulator-row").nth(n)
+        assert any(s in row.inner_text() for s in ("<script>", "<img src=x", "**bold**"))
+        row.click()
+        pg.wait_for_selector(".token-strip .tok", timeout=20_000)
+        pg.wait_for_timeout(300)
+    strip_text = "".join(pg.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)"))
+    assert strip_text in {"<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>",
+                          "**bold** [x](javascript:1)"}
+    assert pg.evaluate("() => window.__pwned") is None
+    assert pg.locator("img[src=x]").count() == 0
+    pg.close()

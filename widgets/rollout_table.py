@@ -1,0 +1,110 @@
+"""Rollout table: filter by run, prompt, correctness and reward range; sort; select a row
+to open it in the token strip and its group in the group view."""
+from __future__ import annotations
+
+import panel as pn
+import param
+from bokeh.models.widgets.tables import NumberFormatter
+
+from studio import queries
+
+from .state import StudioState
+from .style import esc
+
+ALL_RUNS = "All runs"
+COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "run",
+           "group_id", "sample_idx", "finish_reason", "created_at"]
+
+
+class RolloutTable(pn.viewable.Viewer):
+    """The filterable table of stored rollouts."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    run = param.Selector(default=ALL_RUNS, objects=[ALL_RUNS], doc="Only rollouts of this run.")
+    prompt_contains = param.String(default="", doc="Only prompts containing this text (case-insensitive).")
+    correctness = param.Selector(default="all", objects=["all", "correct", "incorrect"],
+                                 doc="Final-answer correctness under the current rule.")
+    reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5), doc="Total reward between these values.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._run_ids: dict[str, str] = {}
+        self._table = pn.widgets.Tabulator(
+            queries.rollout_table(self.state.store).reindex(columns=COLUMNS).head(0),
+            pagination="remote", page_size=18, selectable=1, show_index=False, disabled=True,
+            sizing_mode="stretch_width", height=560,
+            hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run"],
+            titles={"n_tokens": "tokens", "advantage": "adv.", "correct": "ok"},
+            formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
+                        "correct": {"type": "tickCross"}},
+            widths={"prompt": 130, "reward": 72, "advantage": 72, "correct": 46, "n_tokens": 62},
+            stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"],
+            header_align="left", css_classes=["rollout-table"],
+        )
+        self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
+        self._table.param.watch(self._on_select, "selection")
+        self.controls = pn.Column(
+            pn.widgets.Select.from_param(self.param.run, name="Run", sizing_mode="stretch_width"),
+            pn.widgets.TextInput.from_param(self.param.prompt_contains, name="Prompt contains",
+                                            placeholder="e.g. 48-7", sizing_mode="stretch_width"),
+            pn.widgets.RadioButtonGroup.from_param(self.param.correctness, name="Correctness",
+                                                   button_type="light", sizing_mode="stretch_width"),
+            pn.widgets.EditableRangeSlider.from_param(self.param.reward_range, name="Reward",
+                                                      step=0.05, sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+        self._layout = pn.Column(self._count, self._table, sizing_mode="stretch_width")
+        self._refresh_choices()
+        self._reload()
+
+    @param.depends("state.refresh", watch=True)
+    def _refresh_choices(self) -> None:
+        runs = queries.runs(self.state.store)
+        self._run_ids = {f"{r.name} ({r.rollouts})": r.run_id for r in runs.itertuples()}
+        current = self.run
+        self.param.run.objects = [ALL_RUNS, *self._run_ids]
+        if current not in self.param.run.objects:
+            self.run = ALL_RUNS
+        lo, hi = self.state.store.df("SELECT coalesce(min(value), 0) AS lo, coalesce(max(value), 1) AS hi "
+                                     "FROM rewards WHERE component = 'total'").iloc[0]
+        lo, hi = float(min(lo, 0.0)), float(max(hi, lo + 0.1))
+        at_bounds = tuple(self.reward_range) == tuple(self.param.reward_range.bounds)
+        self.param.reward_range.bounds = (lo, hi)
+        if at_bounds or not (lo <= self.reward_range[0] <= self.reward_range[1] <= hi):
+            self.reward_range = (lo, hi)
+
+    def current_filter(self) -> queries.RolloutFilter:
+        lo, hi = self.reward_range
+        blo, bhi = self.param.reward_range.bounds
+        return queries.RolloutFilter(
+            run_id=self._run_ids.get(self.run),
+            prompt_contains=self.prompt_contains or None,
+            correct={"all": None, "correct": True, "incorrect": False}[self.correctness],
+            reward_min=None if lo <= blo else lo, reward_max=None if hi >= bhi else hi,
+        )
+
+    @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.refresh", watch=True)
+    def _reload(self) -> None:
+        f = self.current_filter()
+        df = queries.rollout_table(self.state.store, f).reindex(columns=COLUMNS)
+        df["correct"] = df["correct"].fillna(False).astype(bool)
+        self._table.value = df
+        total = self.state.store.scalar("SELECT count(*) FROM rollouts")
+        capped = " (first rows only: narrow the filter)" if len(df) >= f.limit else ""
+        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{len(df):,}</b> of '
+                              f'{total:,} rollouts match{esc(capped)}</span>')
+
+    def _on_select(self, event) -> None:
+        if not event.new:
+            return
+        row = self._table.value.iloc[event.new[0]]
+        self.state.param.update(rollout_id=row["rollout_id"], group_id=row["group_id"])
+
+    def select_rollout(self, rollout_id: str) -> None:
+        """Select the row of ``rollout_id`` if it is on the table."""
+        idx = self._table.value.index[self._table.value["rollout_id"] == rollout_id]
+        if len(idx):
+            self._table.selection = [int(idx[0])]
+
+    def __panel__(self):
+        return self._layout

@@ -1,0 +1,131 @@
+"""Colour scales, legends and CSS shared by every view, so one colour means one thing.
+
+Every string that came from a model or a user goes through :func:`esc` before it is
+placed in HTML: tokens and completions are shown as text, never interpreted.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+ACCENT = "#3b5bdb"
+
+
+def esc(text: object) -> str:
+    """HTML-escape anything shown to the user (quotes included)."""
+    return html.escape(str(text), quote=True)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A clipped linear colour scale with its legend text."""
+
+    name: str
+    label: str
+    lo: float
+    hi: float
+    stops: tuple[str, ...]
+    help: str
+    fmt: str = "{:.2f}"
+
+    def frac(self, v: float | None) -> float | None:
+        if v is None or v != v:  # None or NaN
+            return None
+        return min(1.0, max(0.0, (float(v) - self.lo) / (self.hi - self.lo)))
+
+    def color(self, v: float | None) -> str:
+        f = self.frac(v)
+        if f is None:
+            return "#f1f3f5"
+        seg = f * (len(self.stops) - 1)
+        i = min(int(seg), len(self.stops) - 2)
+        a, b = _rgb(self.stops[i]), _rgb(self.stops[i + 1])
+        t = seg - i
+        return "#%02x%02x%02x" % tuple(round(x + (y - x) * t) for x, y in zip(a, b))
+
+    def text_color(self, v: float | None) -> str:
+        r, g, b = _rgb(self.color(v))
+        return "#ffffff" if 0.299 * r + 0.587 * g + 0.114 * b < 140 else "#1b1e23"
+
+    def legend_html(self) -> str:
+        grad = ", ".join(self.stops)
+        mid = (self.lo + self.hi) / 2
+        return (
+            f'<div class="legend" title="{esc(self.help)}"><span class="lg-name">{esc(self.label)}</span>'
+            f'<span class="lg-lo">{esc(self.fmt.format(self.lo))}</span>'
+            f'<span class="lg-bar" style="background:linear-gradient(90deg,{grad})"></span>'
+            f'<span class="lg-hi">{esc(self.fmt.format(self.hi))}</span>'
+            f'<span class="lg-help">{esc(self.help)} · clipped at the ends · mid {esc(self.fmt.format(mid))}</span></div>'
+        )
+
+
+def _rgb(hexstr: str) -> tuple[int, int, int]:
+    h = hexstr.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+SCALES: dict[str, Scale] = {
+    "logprob": Scale("logprob", "log-prob", -6.0, 0.0,
+                     ("#3a0ca3", "#7048e8", "#b197fc", "#e5dbff", "#ffffff"),
+                     "log π(token | context): darker = more surprising to the policy"),
+    "entropy": Scale("entropy", "entropy (nats)", 0.0, 2.0,
+                     ("#ffffff", "#ffe8cc", "#ffa94d", "#f76707", "#c2410c"),
+                     "entropy of the full next-token distribution: darker = the policy was unsure"),
+    "advantage": Scale("advantage", "GRPO advantage", -2.0, 2.0,
+                       ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
+                       "group-normalised advantage of the rollout, on every token: red pushed down, blue pushed up"),
+}
+
+CHANNELS = list(SCALES)
+
+CSS = """
+:host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
+.legend { display:flex; align-items:center; gap:6px; font-size:12px; color:#495057; flex-wrap:wrap; }
+.lg-name { font-weight:600; color:#212529; }
+.lg-bar { width:140px; height:10px; border-radius:3px; border:1px solid #dee2e6; display:inline-block; }
+.lg-help { flex-basis:100%%; color:#868e96; font-size:11px; }
+.strip { font-family: 'JetBrains Mono', 'DejaVu Sans Mono', Menlo, monospace; font-size:15px; line-height:2.1;
+         padding:6px 2px 60px 2px; word-break:break-all; }
+.strip.compact { font-size:13px; line-height:1.8; padding-bottom:4px; }
+.tok { position:relative; padding:2px 1px; border-radius:3px; white-space:pre; cursor:default;
+       border-bottom:3px solid transparent; }
+.tok.step-ok { border-bottom-color:#37b24d; }
+.tok.step-bad { border-bottom-color:#e03131; }
+.tok.special { color:#868e96; font-style:italic; font-size:0.8em; }
+.tok:hover { outline:2px solid #212529; z-index:5; }
+.tok .card { display:none; position:absolute; left:0; top:1.9em; z-index:20; min-width:220px; background:#fff;
+             color:#212529; border:1px solid #ced4da; border-radius:6px; box-shadow:0 6px 18px rgba(0,0,0,.15);
+             padding:8px 10px; font-size:12px; line-height:1.45; white-space:normal; word-break:normal;
+             font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
+.tok:hover .card { display:block; }
+.card .c-tok { font-family:'DejaVu Sans Mono', monospace; font-size:14px; font-weight:700; }
+.card .c-row { display:flex; justify-content:space-between; gap:12px; }
+.card .c-k { color:#868e96; }
+.card table { border-collapse:collapse; width:100%%; margin-top:4px; }
+.card td { padding:1px 4px; }
+.card td.alt { font-family:'DejaVu Sans Mono', monospace; }
+.card tr.chosen td { font-weight:700; background:#f1f3f5; }
+.card .pbar { height:8px; background:var(--accent); border-radius:2px; display:inline-block; }
+.meta-line { font-size:12px; color:#495057; display:flex; gap:14px; flex-wrap:wrap; margin:2px 0 6px 0; }
+.meta-line b { color:#212529; }
+.chip { display:inline-block; padding:1px 7px; border-radius:10px; font-size:12px; font-weight:600; }
+.ok { color:#2b8a3e; } .bad { color:#c92a2a; }
+.banner { padding:6px 10px; border-radius:6px; font-size:13px; margin:4px 0; }
+.banner.warn { background:#fff4e6; border:1px solid #ffc078; color:#873800; }
+.banner.info { background:#e7f5ff; border:1px solid #a5d8ff; color:#1864ab; }
+.banner.error { background:#fff5f5; border:1px solid #ffa8a8; color:#a61e4d; white-space:pre-wrap; }
+.empty { color:#868e96; font-size:13px; padding:12px 4px; }
+""" % {"accent": ACCENT}
+
+
+def banner(kind: str, text: str) -> str:
+    """A message box; ``kind`` is warn, info or error. The text is escaped."""
+    return f'<div class="banner {esc(kind)}">{esc(text)}</div>'
+
+
+def chip(value: float | None, scale: Scale) -> str:
+    """A small coloured badge showing ``value`` on ``scale``."""
+    if value is None or value != value:
+        return '<span class="chip" style="background:#f1f3f5">–</span>'
+    return (f'<span class="chip" style="background:{scale.color(value)};color:{scale.text_color(value)}">'
+            f'{esc(scale.fmt.format(value))}</span>')

@@ -1,0 +1,144 @@
+"""Token strip: every generated token as text, coloured by a chosen channel, with a hover
+card (token, channel value, top-k alternatives with probabilities). Step spans are
+underlined green (step verified correct) or red (wrong)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import panel as pn
+import param
+
+from studio import queries
+from studio.vocab import decode_ids
+
+from .state import StudioState
+from .style import CSS, SCALES, chip, esc
+
+SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
+VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
+
+
+def token_display(text: str) -> tuple[str, bool]:
+    """What to print for a token and whether it is a special/invisible one."""
+    if text.startswith("<") and text.endswith(">") and len(text) > 2:
+        return text, True
+    if text in SPECIAL_DISPLAY:
+        return SPECIAL_DISPLAY[text], True
+    return text, False
+
+
+def channel_values(tokens: pd.DataFrame, channel: str, advantage: float | None) -> list[float | None]:
+    if channel == "advantage":
+        return [advantage] * len(tokens)
+    return [None if pd.isna(v) else float(v) for v in tokens[channel]]
+
+
+def strip_html(tokens: pd.DataFrame, channel: str, advantage: float | None = None,
+               alt_texts: list[list[str]] | None = None, step_ok: dict[int, bool | None] | None = None,
+               compact: bool = False) -> str:
+    """HTML of a token strip. Every token and alternative is escaped: shown, never run."""
+    scale = SCALES[channel]
+    values = channel_values(tokens, channel, advantage)
+    step_ok = step_ok or {}
+    parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}">']
+    for i, row in enumerate(tokens.itertuples(index=False)):
+        shown, special = token_display(row.token_text)
+        v = values[i]
+        cls = ["tok"]
+        if special:
+            cls.append("special")
+        step = None if pd.isna(row.step_idx) else int(row.step_idx)
+        if step is not None and step_ok.get(step) is not None:
+            cls.append("step-ok" if step_ok[step] else "step-bad")
+        style = f"background:{scale.color(v)};color:{scale.text_color(v) if not special else '#868e96'}"
+        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step)
+        vtxt = "" if v is None else f"{v:.4f}"
+        parts.append(f'<span class="{" ".join(cls)}" data-pos="{row.pos}" data-value="{vtxt}" '
+                     f'style="{style}">{esc(shown)}{card}</span>')
+        if row.token_text == "\n":
+            parts.append("<br>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _card(row, channel: str, value: float | None, alts: list[str] | None, step: int | None) -> str:
+    scale = SCALES[channel]
+    p = math.exp(row.logprob) if row.logprob is not None else float("nan")
+    rows = []
+    ids = list(row.topk_ids) if row.topk_ids is not None else []
+    lps = list(row.topk_logprobs) if row.topk_logprobs is not None else []
+    for j, (tid, lp) in enumerate(zip(ids, lps)):
+        q = math.exp(lp)
+        alt = alts[j] if alts else f"#{tid}"
+        alt_shown, _ = token_display(alt)
+        chosen = ' class="chosen"' if tid == row.token_id else ""
+        rows.append(f'<tr{chosen}><td class="alt">{esc(alt_shown.translate(VISIBLE_WS))}</td>'
+                    f'<td><span class="pbar" style="width:{max(1, round(q * 80))}px"></span></td>'
+                    f'<td style="text-align:right">{q:.3f}</td></tr>')
+    where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "")
+    stats = [("log-prob", f"{row.logprob:.3f}", channel == "logprob"), ("p(token)", f"{p:.3f}", False),
+             ("entropy", f"{row.entropy:.3f} nats", channel == "entropy")]
+    if channel == "advantage":
+        stats.append(("advantage", "–" if value is None else f"{value:+.3f}", True))
+    lines = "".join(f'<span class="c-row"><span class="c-k">{esc(k)}</span>{"<b>" if bold else "<span>"}{esc(v)}'
+                    f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)
+    return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(row.token_text.translate(VISIBLE_WS))}</span>'
+            f'<span class="c-k">{esc(where)}</span></span>{lines}'
+            f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
+
+
+def step_verdicts(rollout: dict) -> dict[int, bool | None]:
+    """Per-step correctness of a stored rollout, from its task's parser."""
+    from studio.tasks import get_task
+
+    try:
+        task = get_task(rollout["task"])
+        prompt = queries.prompt_of_row(rollout)
+        return {i: s.correct for i, s in enumerate(task.parse_completion(prompt, rollout["text"]).steps)}
+    except (KeyError, ValueError):
+        return {}
+
+
+class TokenStrip(pn.viewable.Viewer):
+    """The selected rollout's tokens, coloured by the state's channel."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5))
+        self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+                                    css_classes=["strip-legend"])
+        self._strip = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+                                   css_classes=["token-strip"])
+        self._layout = pn.Column(self._header, self._legend, self._strip, sizing_mode="stretch_width")
+        self._render()
+
+    @param.depends("state.rollout_id", "state.channel", "state.refresh", watch=True)
+    def _render(self) -> None:
+        st = self.state
+        self._legend.object = SCALES[st.channel].legend_html()
+        if not st.rollout_id:
+            self._header.object = '<div class="empty">Select a rollout in the table to see its tokens.</div>'
+            self._strip.object = ""
+            return
+        ro = queries.rollout(st.store, st.rollout_id)
+        if ro is None:
+            self._header.object = f'<div class="empty">Rollout {esc(st.rollout_id)} is not in this store.</div>'
+            self._strip.object = ""
+            return
+        toks = queries.tokens(st.store, st.rollout_id)
+        flat = sorted({int(i) for ids in toks["topk_ids"] for i in ids})
+        names = dict(zip(flat, decode_ids(ro.get("policy"), flat)))
+        alts = [[names.get(int(i), f"#{i}") for i in ids] for ids in toks["topk_ids"]]
+        comps = " ".join(f"<span>{esc(k)} <b>{v:.2f}</b></span>" for k, v in ro["components"].items() if k != "total")
+        verdict = '<b class="ok">✓ correct</b>' if ro.get("accuracy") and ro["accuracy"] >= 1 else '<b class="bad">✗ incorrect</b>'
+        self._header.object = (
+            f'<div class="meta-line"><span>prompt <b>{esc(ro["prompt"])}</b></span>{verdict}'
+            f'<span>reward <b>{ro["reward"]:.3f}</b></span><span>advantage {chip(ro["advantage"], SCALES["advantage"])}</span>'
+            f'{comps}<span>{len(toks)} tokens · {esc(ro["finish_reason"])}</span></div>')
+        self._strip.object = strip_html(toks, st.channel, ro["advantage"], alts, step_verdicts(ro))
+
+    def __panel__(self):
+        return self._layout
