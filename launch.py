@@ -35,7 +35,7 @@ def can_show() -> bool:
     return True
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     from studio.store import default_db_path
 
     ap = argparse.ArgumentParser(prog="launch.py", description="Serve Rollout Studio.")
@@ -50,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cookie-secret", default=None, help="cookie secret for authentication (random if omitted)")
     ap.add_argument("--no-show", action="store_true", help="do not open a browser")
     ap.add_argument("--check", action="store_true", help="build the app headless, report, and exit")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if not 0 < args.port < 65536:
         ap.error(f"--port must be 1-65535, got {args.port}")

@@ -191,15 +191,12 @@ class Store:
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path))
-    except duckdb.IOException as exc:
-        msg = str(exc)
-        if "lock" in msg.lower():
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0]
+        if isinstance(exc, duckdb.IOException) and "lock" in first.lower():
             raise StoreError(
                 f"{path} is open in another process (DuckDB allows one). Close the other studio "
-                f"or CLI using it, or pass a different --db. ({msg.splitlines()[0]})") from None
-        raise StoreError(f"cannot open {path}: {msg.splitlines()[0]}. The file was not changed.") from None
-    except duckdb.Error as exc:
+                f"or CLI using it, or pass a different --db. ({first})") from None
         raise StoreError(
-            f"{path} is not a readable DuckDB store ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
-            "It may be corrupt or not a DuckDB file; it was not changed. Pass another path with --db "
-            "to start a fresh store.") from None
+            f"{path} is not a readable DuckDB store ({first}). It may be corrupt, unreadable or not a "
+            "DuckDB file; it was not changed. Pass another path with --db to start a fresh store.") from None

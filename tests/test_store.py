@@ -78,7 +78,7 @@ def test_corrupt_file_is_refused_and_untouched(tmp_path):
     path = tmp_path / "corrupt.duckdb"
     path.write_bytes(b"DUCK" + bytes(range(256)) * 64)
     before = digest(path)
-    with pytest.raises(StoreError, match="not a readable DuckDB store|cannot open"):
+    with pytest.raises(StoreError, match="not a readable DuckDB store"):
         Store.open(path)
     assert digest(path) == before
 

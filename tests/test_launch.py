@@ -1,0 +1,89 @@
+"""launch.py as a user runs it: headless check, refusals with clear messages, panel serve."""
+import hashlib
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import launch
+from tests.ui.conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, env=None, timeout=180):
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_check_builds_the_app_on_a_fresh_store(tmp_path):
+    db = tmp_path / "fresh" / "studio.duckdb"
+    r = run("--db", str(db), "--check")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ok: ") and " rollouts" in r.stdout
+    assert db.exists() and not list(db.parent.glob(".*building*"))
+
+
+def test_corrupt_store_is_refused_without_change(tmp_path):
+    db = tmp_path / "bad.duckdb"
+    db.write_bytes(os.urandom(8192))
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    r = run("--db", str(db), "--check")
+    assert r.returncode == 2 and "not a readable DuckDB store" in r.stderr and "Traceback" not in r.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_missing_policy_is_refused(tmp_path):
+    r = run("--db", str(tmp_path / "s.duckdb"), "--policy", str(tmp_path / "nowhere"), "--check")
+    assert r.returncode == 2 and "--policy: policy folder" in r.stderr and "does not exist" in r.stderr
+
+
+def test_non_loopback_address_needs_authentication(tmp_path):
+    r = run("--db", str(tmp_path / "s.duckdb"), "--address", "0.0.0.0", "--check")
+    assert r.returncode == 2 and "refusing to listen on 0.0.0.0 without authentication" in r.stderr
+    assert "--basic-auth" in r.stderr
+    assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_bad_port_is_an_argument_error():
+    r = run("--port", "70000", "--check")
+    assert r.returncode == 2 and "--port must be 1-65535" in r.stderr
+
+
+@pytest.mark.parametrize("addr,loop", [("127.0.0.1", True), ("localhost", True), ("::1", True), ("127.0.0.2", True),
+                                       ("0.0.0.0", False), ("192.168.1.4", False), ("example.org", False)])
+def test_is_loopback(addr, loop):
+    assert launch.is_loopback(addr) is loop
+
+
+def test_no_browser_without_a_display(monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert launch.can_show() is False
+
+
+def test_panel_serve_launch_py_works(tmp_path):
+    port = free_port()
+    env = dict(os.environ, ROLLOUT_STUDIO_DB=str(tmp_path / "ps.duckdb"))
+    proc = subprocess.Popen([sys.executable, "-m", "panel", "serve", "launch.py", "--port", str(port),
+                             "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{port}"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline, body = time.time() + 90, ""
+        while time.time() < deadline:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/launch", timeout=30).read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert "Rollout Studio" in body
+        assert (tmp_path / "ps.duckdb").exists()  # the session built the app on the configured store
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(10)
