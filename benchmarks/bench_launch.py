@@ -107,7 +107,8 @@ def one_run(browser, policy: Path | None, selector: str, poll: str, timeout_s: f
             try:
                 page.wait_for_selector(selector, state="visible", timeout=remaining * 1000)
             except Exception:
-                raise RuntimeError(f"{selector!r} not visible within {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"{selector!r} not visible within {timeout_s} s:\n"
+                                   f"{log_path.read_text()[-3000:]}") from None
             t_table = time.perf_counter() - t0
         finally:
             context.close()

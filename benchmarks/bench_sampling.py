@@ -1,6 +1,6 @@
 """Sampling with per-token statistics: the backend's sampler against ``generate(output_scores=True)``.
 
-Run: ``python benchmarks/bench_sampling.py`` (about 1-3 minutes on a 2-core CPU).
+Run: ``python benchmarks/bench_sampling.py`` (about 3-5 minutes on a busy 2-core CPU).
 
 What a user must do today to get each sampled token's logprob, the full-distribution
 entropy and the top-5 alternatives is call ``model.generate(..., do_sample=True,
@@ -15,11 +15,13 @@ Two cases:
   (b) a randomly initialised Llama-style model with a 151,936-token vocabulary (Qwen's
       size), where keeping every step's logits is what costs memory.
 
-Each (case, method) runs in its own subprocess (this script with the hidden ``--worker``
-option) so peak memory is measured in a fresh process: the peak resident-set increase over
-the RSS right after the model is loaded, during the first run. Time is the median of
-``--reps`` further runs. Each worker also checks its statistics for one sequence against a
-teacher-forced forward pass of the same tokens.
+Everything runs in subprocesses (this script with the hidden ``--worker`` option). Peak
+memory: one fresh process per (case, method), reporting the peak resident-set increase
+over the RSS just before one full run (after the model is loaded and its weights paged in).
+Time: one process per case runs the two methods interleaved after a short warm-up,
+``--reps`` times each (5x as many for the sub-second sample-policy runs), and compares
+medians; it also checks both methods' statistics for one sequence against a
+teacher-forced forward pass over the same tokens.
 
 Options: --reps, --batch, --new-tokens (override both cases), --vocab, --hidden, --layers,
 --policy (default: the sample policy), --seed.
@@ -47,6 +49,8 @@ RESULT_TAG = "@@bench-result "
 TOPK = 5
 # per-case defaults: (batch, new tokens)
 DEFAULTS = {"sample_policy": (64, 40), "150k_vocab": (16, 64)}
+# a sample-policy run takes well under a second, where scheduler noise dominates: repeat it more
+REPS_SCALE = {"sample_policy": 5, "150k_vocab": 1}
 
 
 # --------------------------------------------------------------------------------------
@@ -147,8 +151,8 @@ def run_baseline(model, tok, prompts, new_tokens, seed):
         new = out.sequences[:, enc["input_ids"].shape[1]:]  # [B, T]
         lp = logp.gather(-1, new[..., None]).squeeze(-1)  # [B, T]
         ent = -(logp.exp() * logp).sum(-1)  # [B, T]
-        tkl, tki = logp.topk(TOPK, dim=-1)  # [B, T, k]
-    per_row = [(new[b].tolist(), lp[b].numpy(), ent[b].numpy(), tkl[b].numpy()) for b in range(new.shape[0])]
+        top = logp.topk(TOPK, dim=-1)  # values and ids, [B, T, k]
+    per_row = [(new[b].tolist(), lp[b].numpy(), ent[b].numpy(), top.values[b].numpy()) for b in range(new.shape[0])]
     return int(new.numel()), per_row
 
 
@@ -170,6 +174,8 @@ def teacher_forced_error(model, tok, prompt, row) -> float:
 
 
 def worker(args) -> None:
+    """``--worker mem-ours|mem-baseline``: peak memory of one full run of one method, in this
+    fresh process. ``--worker time``: both methods, interleaved, ``--reps`` times each."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -187,25 +193,36 @@ def worker(args) -> None:
     if limit and longest + args.new_tokens > limit:
         sys.exit(f"prompt ({longest}) + new tokens ({args.new_tokens}) exceed the model's {limit} positions")
 
-    run = run_ours if args.worker == "ours" else run_baseline
-    # safetensors loads weights memory-mapped: fault them in now, and run the method once on
-    # one short row (lazy imports, kernel setup), so the memory figure is what the batch costs
+    methods = {"ours": run_ours, "baseline": run_baseline}
+    # safetensors loads weights memory-mapped: fault them in now, and run each method once on
+    # one short row (lazy imports, kernel setup), so what follows measures only the batch
     for t in model.state_dict().values():
         t.sum()
-    run(model, tok, prompts[:1], 2, args.seed)
-    with PeakRSS() as mem:  # first full run: memory (and warm-up)
-        n_tok, rows = run(model, tok, prompts, args.new_tokens, args.seed)
-    times = []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        run(model, tok, prompts, args.new_tokens, args.seed)
-        times.append(time.perf_counter() - t0)
-    # check the most left-padded row: padding is where a cached sampler goes wrong
-    r = min(range(len(prompts)), key=lambda i: len(prompts[i]))
-    err = teacher_forced_error(model, tok, prompts[r], rows[r])
-    print(RESULT_TAG + json.dumps({"tokens": n_tok, "expected_tokens": args.batch * args.new_tokens,
-                                   "times_s": times, "median_s": statistics.median(times),
-                                   "peak_mb": mem.mb, "check_max_abs_err": err}), flush=True)
+    names = [args.worker[len("mem-"):]] if args.worker.startswith("mem-") else list(methods)
+    for name in names:
+        methods[name](model, tok, prompts[:1], 2, args.seed)
+
+    if args.worker.startswith("mem-"):
+        with PeakRSS() as mem:
+            methods[names[0]](model, tok, prompts, args.new_tokens, args.seed)
+        result = {"peak_mb": mem.mb}
+    else:
+        # Interleave the methods (alternating which goes first) so that load changes on a
+        # shared machine hit both alike; the medians are compared.
+        times = {name: [] for name in methods}
+        out = {}
+        for rep in range(args.reps):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                t0 = time.perf_counter()
+                out[name] = methods[name](model, tok, prompts, args.new_tokens, args.seed)
+                times[name].append(time.perf_counter() - t0)
+        # check the most left-padded row: padding is where a cached sampler goes wrong
+        r = min(range(len(prompts)), key=lambda i: len(prompts[i]))
+        result = {name: {"tokens": out[name][0], "times_s": times[name], "median_s": statistics.median(times[name]),
+                         "check_max_abs_err": teacher_forced_error(model, tok, prompts[r], out[name][1][r])}
+                  for name in methods}
+        result["expected_tokens"] = args.batch * args.new_tokens
+    print(RESULT_TAG + json.dumps(result), flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -227,16 +244,16 @@ def build_random_model(out_dir: Path, vocab: int, hidden: int, layers: int, seed
     LlamaForCausalLM(config).eval().save_pretrained(out_dir, safe_serialization=True)
 
 
-def spawn_worker(method: str, model_dir: Path, tokenizer_dir: Path, batch: int, new_tokens: int,
+def spawn_worker(mode: str, model_dir: Path, tokenizer_dir: Path, batch: int, new_tokens: int,
                  reps: int, seed: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", method,
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode,
            "--model-dir", str(model_dir), "--tokenizer-dir", str(tokenizer_dir),
            "--batch", str(batch), "--new-tokens", str(new_tokens), "--reps", str(reps), "--seed", str(seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
-    raise SystemExit(f"worker {method} on {model_dir} failed (exit {proc.returncode}):\n"
+    raise SystemExit(f"worker {mode} on {model_dir} failed (exit {proc.returncode}):\n"
                      f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
@@ -249,33 +266,40 @@ def main(args) -> None:
     if not (policy / "config.json").is_file():
         raise SystemExit(f"no policy at {policy}: build it with `python -m sample_data.build_policy` or pass --policy")
 
-    results = {}
+    timing, mem = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-sampling-") as tmp:
         big = Path(tmp) / "random-150k"
-        print(f"building a random {args.vocab}-token model ({args.layers} layers, hidden {args.hidden}) ...", flush=True)
+        print(f"building a random {args.vocab}-token model ({args.layers} layers, hidden {args.hidden}) ...",
+              flush=True)
         build_random_model(big, args.vocab, args.hidden, args.layers, args.seed)
         # the sample char tokenizer encodes the prompts for both models (its ids are valid in any vocab)
         cases = {"sample_policy": policy, "150k_vocab": big}
         for case, model_dir in cases.items():
-            batch = args.batch or DEFAULTS[case][0]
-            new_tokens = args.new_tokens or DEFAULTS[case][1]
+            shape = (args.batch or DEFAULTS[case][0], args.new_tokens or DEFAULTS[case][1])
+            print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: memory ...", flush=True)
             for method in ("ours", "baseline"):
-                print(f"  {case:<14} {method:<9} batch {batch} x {new_tokens} tokens ...", flush=True)
-                results[case, method] = spawn_worker(method, model_dir, policy, batch, new_tokens, args.reps, args.seed)
+                r = spawn_worker(f"mem-{method}", model_dir, policy, *shape, args.reps, args.seed)
+                mem[case, method] = r["peak_mb"]
+            reps = args.reps * REPS_SCALE[case]
+            print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: time, {reps} reps ...", flush=True)
+            timing[case] = spawn_worker("time", model_dir, policy, *shape, reps, args.seed)
 
     print()
-    print(f"{'case':<14} {'method':<34} {'tokens':>7} {'median s':>9} {'tokens/s':>10} {'peak MB':>9} {'check err':>10}")
-    speed, mem = {}, {}
-    for (case, method), r in results.items():
-        name = "backend sample_batch (stats on the fly)" if method == "ours" else "generate(output_scores) + stats"
-        tps = r["tokens"] / r["median_s"]
-        speed[case, method], mem[case, method] = tps, r["peak_mb"]
-        print(f"{case:<14} {name:<34} {r['tokens']:>7} {r['median_s']:>9.3f} {tps:>10.0f} "
-              f"{r['peak_mb']:>9.1f} {r['check_max_abs_err']:>10.1e}")
-        if r["tokens"] != r["expected_tokens"]:
-            print(f"  note: {r['tokens']} tokens generated, {r['expected_tokens']} expected (rates use actual tokens)")
-    if any(r["check_max_abs_err"] > 1e-3 for r in results.values()):
-        print("WARNING: some statistics differ from a teacher-forced forward pass by more than 1e-3")
+    print(f"{'case':<14} {'method':<40} {'tokens':>7} {'median s':>9} {'tokens/s':>10} {'peak MB':>9} "
+          f"{'check err':>10}")
+    speed = {}
+    for case, t in timing.items():
+        for method in ("ours", "baseline"):
+            r = t[method]
+            name = "backend sample_batch (stats on the fly)" if method == "ours" else "generate(output_scores) + stats"
+            speed[case, method] = r["tokens"] / r["median_s"]
+            print(f"{case:<14} {name:<40} {r['tokens']:>7} {r['median_s']:>9.3f} {speed[case, method]:>10.0f} "
+                  f"{mem[case, method]:>9.1f} {r['check_max_abs_err']:>10.1e}")
+            if r["tokens"] != t["expected_tokens"]:
+                print(f"  note: {r['tokens']} tokens generated, {t['expected_tokens']} expected "
+                      "(rates use actual tokens)")
+            if r["check_max_abs_err"] > 1e-3:
+                print("  WARNING: statistics differ from a teacher-forced forward pass by more than 1e-3")
 
     a = _ratio(speed["sample_policy", "ours"], speed["sample_policy", "baseline"])
     b = _ratio(speed["150k_vocab", "ours"], speed["150k_vocab", "baseline"])
@@ -297,7 +321,8 @@ def main(args) -> None:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per method (median reported)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="timed repetitions per method, median reported (x5 for the sample policy)")
     ap.add_argument("--batch", type=int, default=None, help="batch size for both cases (default 64 / 16)")
     ap.add_argument("--new-tokens", type=int, default=None, help="new tokens per row for both cases (default 40 / 64)")
     ap.add_argument("--vocab", type=int, default=151_936, help="vocabulary of the random model (default 151936)")
@@ -305,8 +330,8 @@ def parse_args(argv=None):
     ap.add_argument("--layers", type=int, default=2, help="layers of the random model")
     ap.add_argument("--policy", type=Path, default=POLICY_DIR, help="sample policy folder (default sample_data/policy)")
     ap.add_argument("--seed", type=int, default=0)
-    # worker mode: one method on one model in a fresh process (spawned by main)
-    ap.add_argument("--worker", choices=["ours", "baseline"], help=argparse.SUPPRESS)
+    # worker mode: a measurement on one model in a fresh process (spawned by main)
+    ap.add_argument("--worker", choices=["mem-ours", "mem-baseline", "time"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer-dir", type=Path, help=argparse.SUPPRESS)
     return ap.parse_args(argv)

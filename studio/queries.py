@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .advantages import grpo_sql
+from .advantages import EQUAL_TOL, grpo_sql
 from .store import Store
 from .tasks import Prompt
 
@@ -152,7 +152,7 @@ def groups(store: Store, run_id: str | None = None, rule_version_id: str | None 
     return store.df(f"""
         SELECT s.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
                avg(s.reward) AS mean_reward, avg(CASE WHEN s.accuracy >= 1 THEN 1 ELSE 0 END) AS accuracy,
-               coalesce(max(s.reward) - min(s.reward) <= 1e-9, true) AS all_equal, max(s.created_at) AS created_at
+               coalesce(max(s.reward) - min(s.reward) <= {EQUAL_TOL!r}, true) AS all_equal, max(s.created_at) AS created_at
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id) {where}
         GROUP BY s.group_id ORDER BY created_at DESC, prompt""", params + wp)
 

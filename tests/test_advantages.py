@@ -32,6 +32,12 @@ def test_all_equal_group_has_zero_advantage_and_is_flagged():
     assert all_equal_groups(r, g) == {0}
 
 
+def test_equal_rewards_with_float_residue_give_exact_zero():
+    # 0.1 + 0.125 style totals: the mean of eight copies is not bit-identical to each copy
+    r = np.full(8, 0.1 * 1.0 + 0.25 * 0.5)
+    assert grpo(r, np.zeros(8)).tolist() == [0.0] * 8
+
+
 def test_singleton_group_gets_zero():
     assert grpo(np.array([3.0]), np.array([7])).tolist() == [0.0]
 
@@ -39,7 +45,7 @@ def test_singleton_group_gets_zero():
 def test_sql_form_matches_numpy_form():
     rng = np.random.default_rng(1)
     df = pd.DataFrame({"group_id": np.repeat(["a", "b", "c", "d"], 6), "reward": rng.random(24).round(2)})
-    df.loc[df.group_id == "c", "reward"] = 1.0  # an all-equal group
+    df.loc[df.group_id == "c", "reward"] = 0.1 + 0.125  # an all-equal group, with float residue
     df = pd.concat([df, pd.DataFrame({"group_id": ["e"], "reward": [0.3]})], ignore_index=True)  # singleton
     store = Store.open(":memory:")
     cur = store.cursor()
@@ -48,3 +54,4 @@ def test_sql_form_matches_numpy_form():
     out = out.sort_values(["group_id", "reward"]).reset_index(drop=True)
     ref = grpo(out["reward"].to_numpy(), out["group_id"].to_numpy())
     assert out["adv"].to_numpy() == pytest.approx(ref, abs=1e-9)
+    assert (out.loc[out.group_id == "c", "adv"] == 0.0).all()

@@ -32,12 +32,12 @@ class RolloutTable(pn.viewable.Viewer):
         self._table = pn.widgets.Tabulator(
             queries.rollout_table(self.state.store).reindex(columns=COLUMNS).head(0),
             pagination="remote", page_size=18, selectable=1, show_index=False, disabled=True,
-            sizing_mode="stretch_width", height=560,
+            sizing_mode="stretch_width", height=560, layout="fit_columns",
             hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run"],
             titles={"n_tokens": "tokens", "advantage": "adv.", "correct": "ok"},
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross"}},
-            widths={"prompt": 130, "reward": 72, "advantage": 72, "correct": 46, "n_tokens": 62},
+            widths={"prompt": 120, "completion": 240, "reward": 86, "advantage": 80, "correct": 46, "n_tokens": 76},
             stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"],
             header_align="left", css_classes=["rollout-table"],
         )

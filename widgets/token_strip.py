@@ -63,7 +63,6 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage: float | None = Non
 
 
 def _card(row, channel: str, value: float | None, alts: list[str] | None, step: int | None) -> str:
-    scale = SCALES[channel]
     p = math.exp(row.logprob) if row.logprob is not None else float("nan")
     rows = []
     ids = list(row.topk_ids) if row.topk_ids is not None else []
