@@ -34,11 +34,13 @@ class RolloutTable(pn.viewable.Viewer):
             pagination="remote", page_size=18, selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
             hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run"],
-            titles={"n_tokens": "tokens", "advantage": "adv.", "correct": "ok"},
+            titles={"n_tokens": "len", "advantage": "adv.", "correct": "ok"},
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross"}},
-            widths={"prompt": 120, "completion": 240, "reward": 86, "advantage": 80, "correct": 46, "n_tokens": 76},
-            stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"],
+            widths={"prompt": 120, "completion": 240, "reward": 86, "advantage": 80, "correct": 56, "n_tokens": 70},
+            stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"
+                         " :host .tabulator-col-content { padding: 6px 4px !important; }"
+                         " :host .tabulator-col-sorter { right: 2px !important; }"],
             header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])

@@ -28,6 +28,11 @@ def token_display(text: str) -> tuple[str, bool]:
     return text, False
 
 
+def num(x: float, spec: str = ".3f") -> str:
+    """Format without a "-0.000": round first, then drop the sign of zero."""
+    return format(round(float(x), 3) + 0.0, spec)
+
+
 def channel_values(tokens: pd.DataFrame, channel: str, advantage: float | None) -> list[float | None]:
     if channel == "advantage":
         return [advantage] * len(tokens)
@@ -74,12 +79,12 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
         chosen = ' class="chosen"' if tid == row.token_id else ""
         rows.append(f'<tr{chosen}><td class="alt">{esc(alt_shown.translate(VISIBLE_WS))}</td>'
                     f'<td><span class="pbar" style="width:{max(1, round(q * 80))}px"></span></td>'
-                    f'<td style="text-align:right">{q:.3f}</td></tr>')
+                    f'<td style="text-align:right">{num(q)}</td></tr>')
     where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "")
-    stats = [("log-prob", f"{row.logprob:.3f}", channel == "logprob"), ("p(token)", f"{p:.3f}", False),
-             ("entropy", f"{row.entropy:.3f} nats", channel == "entropy")]
+    stats = [("log-prob", num(row.logprob), channel == "logprob"), ("p(token)", num(p), False),
+             ("entropy", f"{num(row.entropy)} nats", channel == "entropy")]
     if channel == "advantage":
-        stats.append(("advantage", "–" if value is None else f"{value:+.3f}", True))
+        stats.append(("advantage", "–" if value is None else num(value, "+.3f"), True))
     lines = "".join(f'<span class="c-row"><span class="c-k">{esc(k)}</span>{"<b>" if bold else "<span>"}{esc(v)}'
                     f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)
     return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(row.token_text.translate(VISIBLE_WS))}</span>'
