@@ -24,6 +24,18 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def websocket_origins(address: str, port: int) -> list[str]:
+    """Origins allowed to open the app's websocket.
+
+    On loopback: the loopback names (IPv6 literals in brackets). Elsewhere authentication is
+    mandatory, and users reach the server by host names we cannot know, so any origin.
+    """
+    if not is_loopback(address):
+        return ["*"]
+    hosts = sorted({"localhost", "127.0.0.1", address})
+    return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
+
+
 def can_show() -> bool:
     """Whether opening the user's browser makes sense (a display, a registered browser)."""
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import panel as pn
 
-    from backends.policy import PolicyLoadError, check_policy_folder
+    from backends import PolicyLoadError, check_policy_folder
     from sample_data import POLICY_DIR, ROLLOUTS_DIR
     from studio.app import create_app
     from studio.store import Store, StoreError, default_db_path
@@ -98,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     show = not args.no_show and can_show()
-    origins = [f"{h}:{args.port}" for h in ({args.address} | ({"localhost", "127.0.0.1"} if is_loopback(args.address) else set()))]
     auth = {}
     if args.basic_auth:
         auth.update(basic_auth=args.basic_auth, cookie_secret=args.cookie_secret or os.urandom(24).hex())
@@ -106,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
     print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
     pn.serve({"/": lambda: create_app(db, policy, store=store)}, port=args.port, address=args.address,
-             websocket_origin=origins, show=show, title="Rollout Studio", threaded=False, **auth)
+             websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False, **auth)
     return 0
 
 

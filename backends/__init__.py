@@ -1,5 +1,19 @@
-"""Model runners: policies with per-token statistics. Knows nothing of the store or UI."""
-from .device import pick_device
-from .policy import Generation, Policy, PolicyLoadError, check_policy_folder, load_policy, sample_batch, score_batch
+"""Model runners: policies with per-token statistics. Knows nothing of the store or UI.
 
-__all__ = ["Generation", "Policy", "PolicyLoadError", "check_policy_folder", "load_policy", "pick_device", "sample_batch", "score_batch"]
+Records and errors import without torch; the runners (which need torch) load on first use,
+so a server that only browses never pays for importing torch.
+"""
+from .types import Generation, PolicyLoadError, check_policy_folder
+
+_LAZY = {"Policy": "policy", "load_policy": "policy", "sample_batch": "policy", "score_batch": "policy",
+         "pick_device": "device"}
+
+__all__ = ["Generation", "PolicyLoadError", "check_policy_folder", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

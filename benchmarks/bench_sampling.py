@@ -1,6 +1,6 @@
 """Sampling with per-token statistics: the backend's sampler against ``generate(output_scores=True)``.
 
-Run: ``python benchmarks/bench_sampling.py`` (about 3-5 minutes on a busy 2-core CPU).
+Run: ``python benchmarks/bench_sampling.py`` (about 4-6 minutes on a busy 2-core CPU).
 
 What a user must do today to get each sampled token's logprob, the full-distribution
 entropy and the top-5 alternatives is call ``model.generate(..., do_sample=True,
@@ -54,7 +54,7 @@ REPS_SCALE = {"sample_policy": 5, "150k_vocab": 1}
 
 
 # --------------------------------------------------------------------------------------
-# Worker side: one method on one model, in a fresh process.
+# Worker side: measurements on one model, in a fresh process.
 # --------------------------------------------------------------------------------------
 def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -6,11 +6,11 @@ process and shared by every session (one owner of the DuckDB file).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import panel as pn
 
-from backends.device import pick_device
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 
 from .store import Store, StoreError, default_db_path
@@ -33,7 +33,10 @@ def describe_policy(path: str | Path) -> str:
     except (OSError, ValueError):
         return f"{p} (not a model folder: Generate will say why)"
     name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
-    return f"{name} · {arch} · local {pick_device()}"
+    # The worker picks the device (CUDA when present); importing torch here just for the
+    # label would cost the server seconds at start-up.
+    device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "worker: CUDA if present, else CPU"
+    return f"{name} · {arch} · local, {device}"
 
 
 def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,

@@ -17,7 +17,7 @@ from typing import Callable
 
 import pandas as pd
 
-from backends.policy import PolicyLoadError, check_policy_folder
+from backends import PolicyLoadError, check_policy_folder
 
 from . import workers
 from .records import generation_rows, new_id, now, prompt_rows

@@ -132,3 +132,23 @@ def test_sample_batch_rejects_empty_prompt(sample_policy):
 def test_score_batch_checks_lengths(sample_policy):
     with pytest.raises(ValueError, match="2 prompts but 1 completions"):
         score_batch(sample_policy.model, sample_policy.tokenizer, ["a", "b"], ["x"])
+
+
+def test_token_texts_of_a_byte_level_bpe_concatenate_to_the_text():
+    """Spaces and multi-byte characters come out as a person reads them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from backends.policy import token_texts
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["héllo wörld naïve café"] * 20,
+                            trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe = PreTrainedTokenizerFast(tokenizer_object=tok)
+    ids = bpe("héllo wörld ✓ naïve")["input_ids"]  # '✓' was never seen: it splits into byte tokens
+    pieces = token_texts(bpe, [ids])[0]
+    assert len(pieces) == len(ids)
+    assert pieces[:2] == ["héllo", " wörld"]
+    assert "".join(pieces).replace("\ufffd", "").startswith("héllo wörld ")

@@ -60,6 +60,12 @@ def test_is_loopback(addr, loop):
     assert launch.is_loopback(addr) is loop
 
 
+def test_websocket_origins():
+    assert launch.websocket_origins("127.0.0.1", 5006) == ["127.0.0.1:5006", "localhost:5006"]
+    assert "[::1]:8000" in launch.websocket_origins("::1", 8000)
+    assert launch.websocket_origins("0.0.0.0", 5006) == ["*"]  # only reachable with auth
+
+
 def test_no_browser_without_a_display(monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)

@@ -11,7 +11,7 @@ import threading
 import panel as pn
 import param
 
-from backends.policy import PolicyLoadError
+from backends import PolicyLoadError
 from studio import queries
 from studio.generation import GenerateConfig, generate
 from studio.tasks import TaskParseError

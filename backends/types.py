@@ -1,0 +1,48 @@
+"""What backends hand to the core, and how they fail: no torch needed to import this."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class PolicyLoadError(ValueError):
+    """The given path is not a loadable causal-LM folder; the message says why."""
+
+
+@dataclass
+class Generation:
+    """One completion and its per-token statistics (arrays have one row per token)."""
+
+    prompt_index: int
+    sample_idx: int
+    prompt: str
+    text: str
+    token_ids: np.ndarray  # [T] int64
+    token_texts: list[str]
+    logprobs: np.ndarray  # [T] float32
+    entropies: np.ndarray  # [T] float32
+    topk_ids: np.ndarray  # [T, k] int64
+    topk_logprobs: np.ndarray  # [T, k] float32
+    finish_reason: str  # "stop" (end token sampled) or "length" (max_new_tokens reached)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def check_policy_folder(path: str | Path) -> None:
+    """Raise :class:`PolicyLoadError` unless ``path`` looks like a saved causal-LM folder."""
+    path = Path(path)
+    if not path.exists():
+        raise PolicyLoadError(f"policy folder {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise PolicyLoadError(f"policy {str(path)!r} is a file; give the folder written by save_pretrained")
+    if not (path / "config.json").is_file():
+        raise PolicyLoadError(
+            f"{str(path)!r} is not a transformers model folder: it has no config.json "
+            "(expected the output of model.save_pretrained + tokenizer.save_pretrained)")
+    weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
+    if not weights:
+        raise PolicyLoadError(f"{str(path)!r} has a config.json but no weights (*.safetensors or pytorch_model.bin)")
