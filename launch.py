@@ -36,6 +36,27 @@ def websocket_origins(address: str, port: int) -> list[str]:
     return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
 
 
+def unauthenticated_exposure(argv: list[str]) -> str | None:
+    """For ``panel serve launch.py``: why its command line would expose the studio, or None.
+
+    Panel's own ``--address`` decides where it listens, and without it Bokeh listens on
+    every interface; so without ``--basic-auth`` or ``--oauth-provider`` an explicit
+    loopback ``--address`` is required, as ``python launch.py`` binds by default.
+    """
+    address = None
+    for i, arg in enumerate(argv):
+        if arg == "--address" and i + 1 < len(argv):
+            address = argv[i + 1]
+        elif arg.startswith("--address="):
+            address = arg.split("=", 1)[1]
+    authed = any(a.split("=")[0] in ("--basic-auth", "--oauth-provider") for a in argv)
+    if authed or (address is not None and is_loopback(address)):
+        return None
+    where = address or "every interface (panel serve's default without --address)"
+    return (f"refusing to serve on {where} without authentication: the studio runs code and trains "
+            "models. Run `panel serve launch.py --address 127.0.0.1`, or add --basic-auth or --oauth-provider.")
+
+
 def can_show() -> bool:
     """Whether opening the user's browser makes sense (a display, a registered browser)."""
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
@@ -125,6 +146,10 @@ if __name__ == "__main__":
     sys.exit(main())
 elif __name__.startswith("bokeh_app"):
     # `panel serve launch.py`: settings come from ROLLOUT_STUDIO_DB / ROLLOUT_STUDIO_POLICY.
-    from studio.app import create_app
+    from studio.app import create_app, refusal_page
 
-    create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY")).servable()
+    problem = unauthenticated_exposure(sys.orig_argv)  # Bokeh rewrites sys.argv for the app
+    if problem:
+        refusal_page(problem).servable()
+    else:
+        create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY")).servable()

@@ -250,10 +250,6 @@ class Policy:
     def name(self) -> str:
         return self.path.name
 
-    def describe(self) -> str:
-        n = sum(p.numel() for p in self.model.parameters())
-        return f"{self.name} ({self.model.config.model_type}, {n / 1e6:.1f}M params, {self.device})"
-
     def sample(self, prompts: list[str], **kwargs) -> list[Generation]:
         """See :func:`sample_batch`."""
         return sample_batch(self.model, self.tokenizer, prompts, **kwargs)

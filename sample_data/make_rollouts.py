@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from studio.generation import GenerateConfig, generate_sync
 from studio.schema import SEEDED
 from studio.store import Store
@@ -38,8 +40,8 @@ def main() -> None:
         cur.execute("UPDATE runs SET kind = 'sample' WHERE run_id = ?", [res.run_id])
     args.out.mkdir(parents=True, exist_ok=True)
     for table in SEEDED:
-        f = args.out / f"{table}.parquet"
-        store.cursor().execute(f"COPY (SELECT * FROM {table}) TO '{f}' (FORMAT parquet, COMPRESSION zstd)")
+        rows = store.cursor().sql(f"SELECT * FROM {table}").to_arrow_table()
+        pq.write_table(rows, args.out / f"{table}.parquet", compression="zstd")
     counts = store.counts()
     acc = store.scalar("SELECT avg(value) FROM rewards WHERE component = 'accuracy'")
     print(f"wrote {args.out}: {counts}, accuracy {acc:.2f}")

@@ -39,6 +39,15 @@ def describe_policy(path: str | Path) -> str:
     return f"{name} · {arch} · local, {device}"
 
 
+def refusal_page(message: str) -> pn.template.BootstrapTemplate:
+    """A page that only explains why the studio will not serve here."""
+    from widgets.style import CSS, banner
+
+    template = pn.template.BootstrapTemplate(title=TITLE, header_background="#1f2937")
+    template.main.append(pn.pane.HTML(banner("error", message), stylesheets=[CSS], sizing_mode="stretch_width"))
+    return template
+
+
 def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,
                store: Store | None = None) -> pn.template.BootstrapTemplate:
     """Build the studio page for one session."""

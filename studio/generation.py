@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,9 +27,20 @@ from .store import Store
 from .tasks import Prompt, Task, TaskParseError, get_task
 
 
+class ConfigError(ValueError):
+    """Generate settings out of range; the message names each one."""
+
+
+# field -> (lowest, highest) allowed; the Generate form takes its bounds from here
+BOUNDS: dict[str, tuple[float, float]] = {
+    "group_size": (1, 64), "temperature": (0.0, 5.0), "top_p": (0.01, 1.0),
+    "max_new_tokens": (1, 4096), "top_k_stats": (1, 20),
+}
+
+
 @dataclass
 class GenerateConfig:
-    """Sampling settings of one Generate run (the UI form and the CLI are bound to these)."""
+    """Sampling settings of one Generate run (the UI form is generated from these fields)."""
 
     group_size: int = 8
     """Completions sampled per prompt: one GRPO group."""
@@ -45,19 +56,11 @@ class GenerateConfig:
     """Most likely alternatives recorded per token (shown in the hover card)."""
 
     def validate(self) -> None:
-        problems = []
-        if not 1 <= self.group_size <= 64:
-            problems.append(f"group size must be 1-64, got {self.group_size}")
-        if not 0 <= self.temperature <= 5:
-            problems.append(f"temperature must be 0-5, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 1 <= self.max_new_tokens <= 4096:
-            problems.append(f"max new tokens must be 1-4096, got {self.max_new_tokens}")
-        if not 1 <= self.top_k_stats <= 20:
-            problems.append(f"top-k statistics must be 1-20, got {self.top_k_stats}")
+        """Raise :class:`ConfigError` naming every setting outside :data:`BOUNDS`."""
+        problems = [f"{name.replace('_', ' ')} must be {lo}-{hi}, got {getattr(self, name)}"
+                    for name, (lo, hi) in BOUNDS.items() if not lo <= getattr(self, name) <= hi]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass
@@ -150,16 +153,25 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
         else:
             result.status = "done"
     except BrokenProcessPool:
-        workers.reset_pool()
+        workers.reset_pool(executor)
         result.status, result.error = "failed", "the sampling worker died (out of memory?); it will be restarted on the next run"
     except PolicyLoadError as exc:
         result.status, result.error = "failed", str(exc)
     except Exception as exc:
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
-    set_status(store, run_id, result.status)
+    finally:
+        if result.status == "running":  # cancelled from outside (task cancellation, shutdown)
+            result.status = "cancelled"
+        set_status(store, run_id, result.status)
     return result
 
 
 def generate_sync(*args, **kwargs) -> GenerateResult:
-    """:func:`generate` for scripts and the CLI (no running event loop)."""
-    return asyncio.run(generate(*args, **kwargs))
+    """:func:`generate` from synchronous code: scripts, and notebooks (whose event loop is
+    already running, so the coroutine runs on a helper thread instead)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(generate(*args, **kwargs))
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        return ex.submit(asyncio.run, generate(*args, **kwargs)).result()

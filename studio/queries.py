@@ -31,29 +31,41 @@ class RolloutFilter:
     limit: int = MAX_TABLE_ROWS
 
 
-def latest_rule_version(store: Store) -> str | None:
-    return store.scalar("SELECT rule_version_id FROM rule_versions ORDER BY created_at DESC, rule_version_id LIMIT 1")
+def versions_sql(rule_version_id: str | None) -> tuple[str, list]:
+    """``(rollout_id, rule_version_id)``: which rule version's rewards to show per rollout.
+
+    ``None`` means each rollout's most recent scoring, so a newer rule that scored only new
+    rollouts never blanks out older ones; a given id shows every rollout under that version.
+    """
+    if rule_version_id is not None:
+        return "SELECT rollout_id, ?::VARCHAR AS rule_version_id FROM rollouts", [rule_version_id]
+    return ("""SELECT rw.rollout_id, arg_max(rw.rule_version_id, v.created_at) AS rule_version_id
+               FROM rewards rw JOIN rule_versions v USING (rule_version_id)
+               WHERE rw.component = 'total' GROUP BY rw.rollout_id""", [])
 
 
-def scored_rollouts_sql(rule_version_id: str) -> tuple[str, list]:
-    """Every rollout with its total reward, accuracy and GRPO advantage under one rule version."""
+def scored_rollouts_sql(rule_version_id: str | None = None) -> tuple[str, list]:
+    """Every rollout with its total reward, accuracy and GRPO advantage (see :func:`versions_sql`)."""
+    versions, params = versions_sql(rule_version_id)
     sql = f"""
-        WITH scored AS (
+        WITH versions AS ({versions}),
+        scored AS (
             SELECT ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text,
-                   ro.n_tokens, ro.finish_reason, ro.created_at,
+                   ro.n_tokens, ro.finish_reason, ro.created_at, ve.rule_version_id,
                    tot.value AS reward, acc.value AS accuracy
             FROM rollouts ro
+            LEFT JOIN versions ve ON ve.rollout_id = ro.rollout_id
             LEFT JOIN rewards tot ON tot.rollout_id = ro.rollout_id
-                 AND tot.rule_version_id = ? AND tot.component = 'total'
+                 AND tot.rule_version_id = ve.rule_version_id AND tot.component = 'total'
             LEFT JOIN rewards acc ON acc.rollout_id = ro.rollout_id
-                 AND acc.rule_version_id = ? AND acc.component = 'accuracy'
+                 AND acc.rule_version_id = ve.rule_version_id AND acc.component = 'accuracy'
         )
         SELECT *, {grpo_sql('reward', 'group_id')} AS advantage FROM scored
     """
-    return sql, [rule_version_id, rule_version_id]
+    return sql, params
 
 
-def rollout_table_sql(rule_version_id: str, f: RolloutFilter) -> tuple[str, list]:
+def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter) -> tuple[str, list]:
     base, params = scored_rollouts_sql(rule_version_id)
     where, wparams = [], []
     if f.run_id:
@@ -61,7 +73,8 @@ def rollout_table_sql(rule_version_id: str, f: RolloutFilter) -> tuple[str, list
     if f.group_id:
         where.append("s.group_id = ?"); wparams.append(f.group_id)
     if f.prompt_contains:
-        where.append("p.text ILIKE ?"); wparams.append(f"%{f.prompt_contains.strip()}%")
+        # contains(), not LIKE: a typed % or _ is a character, not a wildcard
+        where.append("contains(lower(p.text), lower(?))"); wparams.append(f.prompt_contains.strip())
     if f.correct is True:
         where.append("s.accuracy >= 1")
     elif f.correct is False:
@@ -85,17 +98,12 @@ def rollout_table_sql(rule_version_id: str, f: RolloutFilter) -> tuple[str, list
 
 
 def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None) -> pd.DataFrame:
-    rv = rule_version_id or latest_rule_version(store)
-    if rv is None:
-        return pd.DataFrame(columns=["rollout_id", "prompt", "completion", "reward", "advantage", "correct",
-                                     "n_tokens", "finish_reason", "run", "group_id", "sample_idx", "created_at"])
-    return store.df(*rollout_table_sql(rv, f))
+    return store.df(*rollout_table_sql(rule_version_id, f))
 
 
 def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None) -> dict | None:
     """One rollout with its prompt, reward, advantage and reward components."""
-    rv = rule_version_id or latest_rule_version(store)
-    base, params = scored_rollouts_sql(rv)
+    base, params = scored_rollouts_sql(rule_version_id)
     rows = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.name AS run, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
@@ -103,26 +111,40 @@ def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None) -
     if rows.empty:
         return None
     out = rows.iloc[0].to_dict()
-    out["components"] = components(store, [rollout_id], rv).get(rollout_id, {})
+    out["components"] = components(store, [rollout_id], rule_version_id).get(rollout_id, {})
     return out
 
 
-def components(store: Store, rollout_ids: list[str], rule_version_id: str) -> dict[str, dict[str, float]]:
-    """``{rollout_id: {component: value}}`` under one rule version."""
+def components(store: Store, rollout_ids: list[str], rule_version_id: str | None = None) -> dict[str, dict[str, float]]:
+    """``{rollout_id: {component: value}}``, each rollout under the version :func:`versions_sql` picks."""
     if not rollout_ids:
         return {}
-    df = store.df("""
-        SELECT rollout_id, component, value FROM rewards
-        WHERE rule_version_id = ? AND list_contains(?, rollout_id)
-        ORDER BY component""", [rule_version_id, rollout_ids])
+    versions, params = versions_sql(rule_version_id)
+    df = store.df(f"""
+        WITH versions AS ({versions})
+        SELECT rw.rollout_id, rw.component, rw.value FROM rewards rw
+        JOIN versions ve ON ve.rollout_id = rw.rollout_id AND ve.rule_version_id = rw.rule_version_id
+        WHERE list_contains(?, rw.rollout_id)
+        ORDER BY rw.component""", params + [rollout_ids])
     out: dict[str, dict[str, float]] = {}
     for rid, comp, val in df.itertuples(index=False):
         out.setdefault(rid, {})[comp] = val
     return out
 
 
+def reward_bounds(store: Store) -> tuple[float, float]:
+    """Smallest and largest total reward in the store (0, 1 when there is none)."""
+    lo, hi = store.cursor().execute(
+        "SELECT coalesce(min(value), 0), coalesce(max(value), 1) FROM rewards WHERE component = 'total'").fetchone()
+    return float(lo), float(hi)
+
+
+def rollout_count(store: Store) -> int:
+    return int(store.scalar("SELECT count(*) FROM rollouts"))
+
+
 def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
-    """The rollout's tokens in order, with top-k alternatives decoded to text."""
+    """The rollout's tokens in order with their statistics (top-k alternatives as ids)."""
     return store.df("""
         SELECT pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx
         FROM tokens WHERE rollout_id = ? ORDER BY pos""", [rollout_id])
@@ -130,13 +152,12 @@ def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
 
 def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
-    rv = rule_version_id or latest_rule_version(store)
-    base, params = scored_rollouts_sql(rv)
+    base, params = scored_rollouts_sql(rule_version_id)
     df = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
         WHERE s.group_id = ? ORDER BY s.sample_idx, s.rollout_id""", params + [group_id])
-    comps = components(store, df["rollout_id"].tolist(), rv)
+    comps = components(store, df["rollout_id"].tolist(), rule_version_id)
     names = sorted({c for d in comps.values() for c in d if c != "total"})
     for c in names:
         df[c] = [comps.get(r, {}).get(c) for r in df["rollout_id"]]
@@ -146,8 +167,7 @@ def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd
 
 def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
     """One row per group: prompt, size, mean reward, and whether all rewards are equal."""
-    rv = rule_version_id or latest_rule_version(store)
-    base, params = scored_rollouts_sql(rv)
+    base, params = scored_rollouts_sql(rule_version_id)
     where, wp = ("WHERE s.run_id = ?", [run_id]) if run_id else ("", [])
     return store.df(f"""
         SELECT s.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
@@ -168,13 +188,6 @@ def prompt_of_row(row: dict) -> Prompt:
     """The :class:`Prompt` of a rollout row that carries ``prompt`` text and ``gold`` JSON."""
     gold = row.get("gold")
     return Prompt(row["prompt"], json.loads(gold) if isinstance(gold, str) else (gold or {}))
-
-
-def prompt_of(store: Store, prompt_id: str) -> Prompt:
-    row = store.cursor().execute("SELECT text, gold, meta FROM prompts WHERE prompt_id = ?", [prompt_id]).fetchone()
-    if row is None:
-        raise KeyError(f"no prompt {prompt_id!r}")
-    return Prompt(row[0], json.loads(row[1] or "{}"), json.loads(row[2] or "{}"))
 
 
 def sample_prompts(store: Store, limit: int = 200) -> list[str]:

@@ -12,9 +12,11 @@ and never overwritten.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
+import textwrap
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
@@ -74,30 +76,55 @@ class Rule:
     def weight(self, name: str) -> float:
         return self.weights.get(name, 1.0)
 
-    def source(self) -> str:
-        """Everything that determines the scores: component sources and weights."""
+    def source(self, code_only: bool = False) -> str:
+        """Everything that determines the scores: component sources and weights.
+
+        ``code_only`` drops docstrings, comments and function names, so the version id
+        changes when the scoring changes, not when its documentation does.
+        """
         parts = [f"# rule {self.name}", f"# weights {json.dumps({k: self.weight(k) for k in self.components}, sort_keys=True)}"]
         for name, fn in self.components.items():
-            parts.append(f"# component {name}\n{inspect.getsource(fn)}")
+            src = textwrap.dedent(inspect.getsource(fn))
+            parts.append(f"# component {name}\n{_strip_docstrings(src) if code_only else src}")
         return "\n".join(parts)
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.source().encode()).hexdigest()
+        return hashlib.sha256(self.source(code_only=True).encode()).hexdigest()
 
     @property
     def version_id(self) -> str:
         return f"{self.name}@{self.sha256[:10]}"
 
     def score(self, task: Task, prompt: Prompt, completion: str) -> dict[str, float]:
-        """Component values and their weighted ``total`` for one completion."""
-        parsed = task.parse_completion(prompt, completion)
-        values = {
-            name: float(fn(prompt.text, completion, prompt.gold, list(parsed.steps), parsed=parsed, task=task))
-            for name, fn in self.components.items()
-        }
-        values["total"] = sum(self.weight(k) * v for k, v in values.items())
+        """Component values and their weighted ``total``; raises if a component does."""
+        values, errors = self.score_detailed(task, prompt, completion)
+        if errors:
+            name, msg = next(iter(errors.items()))
+            raise RuntimeError(f"component {name!r} failed: {msg}")
         return values
+
+    def score_detailed(self, task: Task, prompt: Prompt, completion: str
+                       ) -> tuple[dict[str, float | None], dict[str, str]]:
+        """``(values, errors)``: a failing component gets value None and its error message;
+        ``total`` is None when any component failed (a partial sum would mislead)."""
+        try:
+            parsed = task.parse_completion(prompt, completion)
+        except Exception as exc:  # a task parser bug must not lose the batch either
+            err = f"parse_completion: {type(exc).__name__}: {exc}"
+            return dict.fromkeys([*self.components, "total"]), dict.fromkeys([*self.components, "total"], err)
+        values: dict[str, float | None] = {}
+        errors: dict[str, str] = {}
+        for name, fn in self.components.items():
+            try:
+                values[name] = float(fn(prompt.text, completion, prompt.gold, list(parsed.steps), parsed=parsed, task=task))
+            except Exception as exc:  # user-written components raise anything
+                values[name], errors[name] = None, f"{type(exc).__name__}: {exc}"
+        if errors:
+            values["total"], errors["total"] = None, f"not computed: {', '.join(errors)} failed"
+        else:
+            values["total"] = sum(self.weight(k) * v for k, v in values.items())
+        return values, errors
 
 
 ARITHMETIC_V1 = Rule(
@@ -119,15 +146,25 @@ def rule_version_frame(rule: Rule, note: str = "built-in rule") -> pd.DataFrame:
 def score_frame(rule: Rule, task: Task, items: list[tuple[str, Prompt, str]]) -> pd.DataFrame:
     """Long-format reward rows for ``(rollout_id, prompt, completion)`` items.
 
-    A component that raises is recorded with ``value`` NULL and the error message, so one
-    bad completion never loses the others' scores.
+    A component that raises is recorded with ``value`` NULL and its error message (and
+    ``total`` NULL), so one bad completion or component never loses the other scores.
     """
     rows = []
     for rollout_id, prompt, completion in items:
-        try:
-            values = rule.score(task, prompt, completion)
-        except Exception as exc:  # a rule bug must not abort a whole batch
-            rows.append((rollout_id, rule.version_id, "total", None, f"{type(exc).__name__}: {exc}"))
-            continue
-        rows.extend((rollout_id, rule.version_id, k, v, None) for k, v in values.items())
+        values, errors = rule.score_detailed(task, prompt, completion)
+        rows.extend((rollout_id, rule.version_id, k, v, errors.get(k)) for k, v in values.items())
     return pd.DataFrame(rows, columns=["rollout_id", "rule_version_id", "component", "value", "error"])
+
+
+def _strip_docstrings(src: str) -> str:
+    """Source code with docstrings, comments and the function's own name removed
+    (normalised by the AST): what decides the score, and nothing else."""
+    tree = ast.parse(src)
+    if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        tree.body[0].name = "component"
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree)

@@ -113,7 +113,7 @@ class Store:
                         cur.execute(stmt)
                 for stmt in schema.ddl():
                     cur.execute(stmt)
-                cur.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(schema.SCHEMA_VERSION)])
+                cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
     def seed(self, folder: str | Path) -> None:
         """Load ``<table>.parquet`` files from ``folder`` into the matching tables, atomically."""

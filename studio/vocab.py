@@ -1,6 +1,7 @@
 """Token texts for ids stored in the store (the hover card's top-k alternatives).
 
-Only the tokenizer is loaded (never the model), once per policy per process.
+Only the tokenizer's ``tokenizer.json`` is read, with the ``tokenizers`` library (not
+transformers, which would import torch into the server), once per policy per process.
 """
 from __future__ import annotations
 
@@ -30,18 +31,19 @@ def policy_label(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return Tokenizer.from_file(path)
 
 
 def decode_ids(policy: str | None, ids: list[int]) -> list[str]:
     """Each id as display text; ``#id`` when the policy's tokenizer is unavailable."""
     folder = resolve_policy(policy)
+    file = folder / "tokenizer.json" if folder is not None else None
     try:
-        tok = _tokenizer(str(folder)) if folder is not None and folder.is_dir() else None
+        tok = _tokenizer(str(file)) if file is not None and file.is_file() else None
     except Exception:  # an unreadable tokenizer only costs the alternatives' text
         tok = None
     if tok is None:
         return [f"#{i}" for i in ids]
-    return [tok.decode([int(i)], skip_special_tokens=False) for i in ids]
+    return tok.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)

@@ -33,13 +33,17 @@ def pool() -> ProcessPoolExecutor:
         return _pool
 
 
-def reset_pool() -> None:
-    """Drop a broken pool (a worker died); the next call to :func:`pool` starts a new one."""
+def reset_pool(broken: ProcessPoolExecutor | None = None) -> None:
+    """Drop the pool ``broken`` (a worker died); the next :func:`pool` starts a new one.
+
+    Only that pool is dropped: another session may already have replaced it with a healthy
+    one, whose queued work must not be cancelled.
+    """
     global _pool
     with _lock:
-        if _pool is not None:
+        if _pool is not None and (broken is None or _pool is broken):
             _pool.shutdown(wait=False, cancel_futures=True)
-        _pool = None
+            _pool = None
 
 
 @functools.lru_cache(maxsize=8)

@@ -46,6 +46,7 @@ def test_sampled_statistics_equal_direct_softmax(sample_policy):
 
 def test_finish_reason(sample_policy):
     stopped = sample_policy.sample(["Q: 2+3="], n=4, max_new_tokens=40, seed=0)
+    assert any(g.finish_reason == "stop" for g in stopped)  # the policy learned to end its answers
     for g in stopped:
         if g.finish_reason == "stop":
             assert g.token_ids[-1] == sample_policy.tokenizer.eos_token_id

@@ -66,6 +66,19 @@ def test_websocket_origins():
     assert launch.websocket_origins("0.0.0.0", 5006) == ["*"]  # only reachable with auth
 
 
+@pytest.mark.parametrize("argv,refused", [
+    (["--address", "127.0.0.1"], False), (["--address=localhost"], False),
+    ([], True),  # Bokeh listens on every interface without --address
+    (["--address", "0.0.0.0"], True), (["--address", "0.0.0.0", "--basic-auth", "pw"], False),
+    (["--oauth-provider=github"], False),
+])
+def test_panel_serve_exposure_rule(argv, refused):
+    problem = launch.unauthenticated_exposure(["panel", "serve", "launch.py", *argv])
+    assert (problem is not None) is refused
+    if refused:
+        assert "--address 127.0.0.1" in problem and "--basic-auth" in problem
+
+
 def test_no_browser_without_a_display(monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
@@ -88,7 +101,7 @@ def test_panel_serve_launch_py_works(tmp_path):
                 break
             except OSError:
                 time.sleep(0.5)
-        assert "Rollout Studio" in body
+        assert "Rollout Studio" in body and "refusing" not in body
         assert (tmp_path / "ps.duckdb").exists()  # the session built the app on the configured store
     finally:
         os.killpg(proc.pid, 15)

@@ -31,8 +31,24 @@ def test_unreadable_completion_scores_zero():
     assert ARITHMETIC_V1.score(task, p, "blah") == {"accuracy": 0.0, "format": 0.0, "steps": 0.0, "total": 0.0}
 
 
-def test_rule_version_is_stable_and_changes_with_weights():
-    assert ARITHMETIC_V1.version_id == ARITHMETIC_V1.version_id
+def test_rule_version_follows_code_and_weights_not_docs():
+    def acc_a(prompt, completion, gold, steps, *, parsed, **ctx):
+        """Version one of the docs."""
+        return 1.0 if parsed.answer == gold["answer"] else 0.0
+
+    def acc_b(prompt, completion, gold, steps, *, parsed, **ctx):
+        """Entirely rewritten docs, same code."""
+        # and a comment
+        return 1.0 if parsed.answer == gold["answer"] else 0.0
+
+    def acc_c(prompt, completion, gold, steps, *, parsed, **ctx):
+        """Version one of the docs."""
+        return 1.0 if parsed.answer == gold["solution"] else 0.0
+
+    def vid(fn):
+        return Rule("r", {"accuracy": fn}).version_id
+
+    assert vid(acc_a).startswith("r@") and vid(acc_a) == vid(acc_b) != vid(acc_c)
     heavier = Rule("arithmetic", ARITHMETIC_V1.components, {**ARITHMETIC_V1.weights, "format": 0.5})
     assert heavier.version_id != ARITHMETIC_V1.version_id
     assert "def format_ok" in ARITHMETIC_V1.source()
@@ -43,7 +59,9 @@ def test_a_raising_component_is_recorded_not_fatal():
         raise RuntimeError("boom")
 
     rule = Rule("broken", {"format": format_ok, "bad": broken})
-    df = score_frame(rule, task, [("r1", p, "23+48=71;71-7=64;A:64")])
-    assert isinstance(df, pd.DataFrame) and len(df) == 1
-    row = df.iloc[0]
-    assert row["component"] == "total" and pd.isna(row["value"]) and "boom" in row["error"]
+    df = score_frame(rule, task, [("r1", p, "23+48=71;71-7=64;A:64"), ("r2", p, "23+48=71;A:71")])
+    assert isinstance(df, pd.DataFrame) and len(df) == 6  # 2 rollouts x (format, bad, total)
+    r1 = df[df.rollout_id == "r1"].set_index("component")
+    assert r1.loc["format", "value"] == 1.0 and pd.isna(r1.loc["format", "error"])  # kept
+    assert pd.isna(r1.loc["bad", "value"]) and r1.loc["bad", "error"] == "RuntimeError: boom"
+    assert pd.isna(r1.loc["total", "value"]) and "bad failed" in r1.loc["total", "error"]

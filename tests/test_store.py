@@ -147,3 +147,27 @@ def test_group_view_data(seeded_store):
     flagged = gs[gs["all_equal"]]
     for gid in flagged["group_id"]:
         assert (queries.group(seeded_store, gid)["advantage"] == 0).all()
+
+
+def test_a_newer_rule_version_does_not_blank_out_older_rollouts(seeded_store, sample_policy):
+    """Each rollout shows its latest scoring: a new rule that scored only new rollouts
+    leaves the others' rewards and advantages in place."""
+    from studio.rewards import Rule, answer_correct
+
+    before = queries.rollout_table(seeded_store).set_index("rollout_id")
+    task = get_task("arithmetic")
+    prompts = [task.parse_prompt("Q: 7+8=")]
+    strict = Rule("strict", {"accuracy": answer_correct})
+    run = start_run(seeded_store, "generate", "new rule", "sample", "arithmetic", {})
+    ingest(seeded_store, run, task, prompts, sample_policy.sample([p.text for p in prompts], n=2, seed=0),
+           strict, None)
+    after = queries.rollout_table(seeded_store).set_index("rollout_id")
+    assert len(after) == len(before) + 2
+    old = after.loc[before.index]
+    assert old["reward"].tolist() == before["reward"].tolist()
+    assert old["advantage"].tolist() == pytest.approx(before["advantage"].tolist())
+    new = after.drop(before.index)
+    assert set(new["reward"]) <= {0.0, 1.0}  # scored by the strict rule: accuracy only
+    # an explicit version shows every rollout under it: the old ones have no score there
+    only_strict = queries.rollout_table(seeded_store, rule_version_id=strict.version_id)
+    assert only_strict["reward"].notna().sum() == 2

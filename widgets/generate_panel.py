@@ -13,7 +13,8 @@ import param
 
 from backends import PolicyLoadError
 from studio import queries
-from studio.generation import GenerateConfig, generate
+from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate
+from studio.store import StoreError
 from studio.tasks import TaskParseError
 
 from .state import StudioState
@@ -26,11 +27,18 @@ class GeneratePanel(pn.viewable.Viewer):
     state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
     picked = param.ListSelector(default=[], objects=[], doc="Prompts picked from the store.")
     typed = param.String(default="", doc="Prompts typed in, one per line (e.g. 'Q: 23+48-7=').")
-    group_size = param.Integer(default=GenerateConfig.group_size, bounds=(1, 64), doc="Completions per prompt.")
-    temperature = param.Number(default=GenerateConfig.temperature, bounds=(0.0, 2.0), step=0.05, doc="Sampling temperature.")
-    top_p = param.Number(default=GenerateConfig.top_p, bounds=(0.05, 1.0), step=0.05, doc="Nucleus sampling mass.")
-    max_new_tokens = param.Integer(default=GenerateConfig.max_new_tokens, bounds=(1, 512), doc="Longest completion.")
-    seed = param.Integer(default=GenerateConfig.seed, doc="Sampler seed.")
+    # defaults and bounds come from GenerateConfig / BOUNDS: one source of truth
+    group_size = param.Integer(default=GenerateConfig.group_size, bounds=BOUNDS["group_size"],
+                               doc="Completions per prompt: one GRPO group.")
+    temperature = param.Number(default=GenerateConfig.temperature, bounds=BOUNDS["temperature"], step=0.05,
+                               doc="Sampling temperature; 0 is greedy.")
+    top_p = param.Number(default=GenerateConfig.top_p, bounds=BOUNDS["top_p"], step=0.05,
+                         doc="Nucleus sampling mass; 1 samples the full distribution.")
+    max_new_tokens = param.Integer(default=GenerateConfig.max_new_tokens, bounds=BOUNDS["max_new_tokens"],
+                                   doc="Longest completion, in tokens.")
+    seed = param.Integer(default=GenerateConfig.seed, doc="Sampler seed: same seed, prompts and policy, same rollouts.")
+    top_k_stats = param.Integer(default=GenerateConfig.top_k_stats, bounds=BOUNDS["top_k_stats"],
+                                doc="Alternatives recorded per token (hover card).")
     running = param.Boolean(default=False, doc="Whether a Generate run is in progress.")
 
     def __init__(self, **params):
@@ -58,7 +66,9 @@ class GeneratePanel(pn.viewable.Viewer):
             pn.Row(pn.widgets.FloatInput.from_param(self.param.top_p, name="Top-p", width=100),
                    pn.widgets.IntInput.from_param(self.param.max_new_tokens, name="Max tokens", width=100),
                    sizing_mode="stretch_width"),
-            pn.widgets.IntInput.from_param(self.param.seed, name="Seed", width=100),
+            pn.Row(pn.widgets.IntInput.from_param(self.param.seed, name="Seed", width=100),
+                   pn.widgets.IntInput.from_param(self.param.top_k_stats, name="Top-k recorded", width=100),
+                   sizing_mode="stretch_width"),
             pn.Row(self._go, self._stop, sizing_mode="stretch_width"),
             self._progress, self._status,
             sizing_mode="stretch_width",
@@ -77,7 +87,7 @@ class GeneratePanel(pn.viewable.Viewer):
         if self.running:
             return
         config = GenerateConfig(group_size=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                                max_new_tokens=self.max_new_tokens, seed=self.seed)
+                                max_new_tokens=self.max_new_tokens, seed=self.seed, top_k_stats=self.top_k_stats)
         self._cancel.clear()
         self.running = True
         self._go.disabled, self._stop.disabled = True, False
@@ -91,8 +101,11 @@ class GeneratePanel(pn.viewable.Viewer):
         try:
             result = await generate(self.state.store, self.state.policy_path, self.prompts(), config,
                                     on_progress=progress, cancel=self._cancel)
-        except (TaskParseError, PolicyLoadError, ValueError) as exc:
+        except (TaskParseError, PolicyLoadError, ConfigError, StoreError) as exc:  # bad input: say what
             self._status.object = banner("error", str(exc))
+            result = None
+        except Exception as exc:  # anything else is still shown in place; the page lives on
+            self._status.object = banner("error", f"Generate failed: {type(exc).__name__}: {exc}")
             result = None
         finally:
             self.running = False

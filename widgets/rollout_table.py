@@ -62,14 +62,14 @@ class RolloutTable(pn.viewable.Viewer):
     @param.depends("state.refresh", watch=True)
     def _refresh_choices(self) -> None:
         runs = queries.runs(self.state.store)
-        self._run_ids = {f"{r.name} ({r.rollouts})": r.run_id for r in runs.itertuples()}
+        # the id suffix keeps two runs with the same name and size apart
+        self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
         current = self.run
         self.param.run.objects = [ALL_RUNS, *self._run_ids]
         if current not in self.param.run.objects:
             self.run = ALL_RUNS
-        lo, hi = self.state.store.df("SELECT coalesce(min(value), 0) AS lo, coalesce(max(value), 1) AS hi "
-                                     "FROM rewards WHERE component = 'total'").iloc[0]
-        lo, hi = float(min(lo, 0.0)), float(max(hi, lo + 0.1))
+        lo, hi = queries.reward_bounds(self.state.store)
+        lo, hi = min(lo, 0.0), max(hi, lo + 0.1)
         at_bounds = tuple(self.reward_range) == tuple(self.param.reward_range.bounds)
         self.param.reward_range.bounds = (lo, hi)
         if at_bounds or not (lo <= self.reward_range[0] <= self.reward_range[1] <= hi):
@@ -91,7 +91,7 @@ class RolloutTable(pn.viewable.Viewer):
         df = queries.rollout_table(self.state.store, f).reindex(columns=COLUMNS)
         df["correct"] = df["correct"].fillna(False).astype(bool)
         self._table.value = df
-        total = self.state.store.scalar("SELECT count(*) FROM rollouts")
+        total = queries.rollout_count(self.state.store)
         capped = " (first rows only: narrow the filter)" if len(df) >= f.limit else ""
         self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{len(df):,}</b> of '
                               f'{total:,} rollouts match{esc(capped)}</span>')
@@ -101,12 +101,6 @@ class RolloutTable(pn.viewable.Viewer):
             return
         row = self._table.value.iloc[event.new[0]]
         self.state.param.update(rollout_id=row["rollout_id"], group_id=row["group_id"])
-
-    def select_rollout(self, rollout_id: str) -> None:
-        """Select the row of ``rollout_id`` if it is on the table."""
-        idx = self._table.value.index[self._table.value["rollout_id"] == rollout_id]
-        if len(idx):
-            self._table.selection = [int(idx[0])]
 
     def __panel__(self):
         return self._layout

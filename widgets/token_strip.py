@@ -10,6 +10,7 @@ import panel as pn
 import param
 
 from studio import queries
+from studio.tasks import get_task
 from studio.vocab import decode_ids
 
 from .state import StudioState
@@ -93,9 +94,7 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
 
 
 def step_verdicts(rollout: dict) -> dict[int, bool | None]:
-    """Per-step correctness of a stored rollout, from its task's parser."""
-    from studio.tasks import get_task
-
+    """Per-step correctness of a stored rollout, from its task's parser ({} if unknown)."""
     try:
         task = get_task(rollout["task"])
         prompt = queries.prompt_of_row(rollout)

@@ -1,5 +1,6 @@
 """Tasks: prompt generators with gold answers and completion parsers."""
-from .base import ParsedCompletion, Prompt, Step, Task, TaskParseError, get_task, register_task, task_names
+from .base import (ParsedCompletion, Prompt, Step, Task, TaskParseError, UnknownTaskError, get_task,
+                   register_task, task_names)
 from . import arithmetic  # noqa: F401  (registers the sample task)
 
-__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "get_task", "register_task", "task_names"]
+__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "get_task", "register_task", "task_names"]

@@ -121,7 +121,11 @@ class Arithmetic(Task):
         return ParsedCompletion(steps=tuple(steps), answer=answer, well_formed=well_formed)
 
     def is_correct(self, prompt: Prompt, answer: str | None) -> bool:
-        return answer is not None and answer == prompt.gold["answer"]
+        """Integer equality, so ``A:064`` and ``A:-0`` are read as 64 and 0."""
+        try:
+            return answer is not None and int(answer) == int(prompt.gold["answer"])
+        except ValueError:
+            return False
 
 
 def _check_step(text: str) -> bool | None:

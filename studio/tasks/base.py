@@ -79,13 +79,20 @@ def register_task(cls: type[Task]) -> type[Task]:
     return cls
 
 
+class UnknownTaskError(KeyError):
+    """No task is registered under the given name."""
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0])
+
+
 def get_task(name: str) -> Task:
     """Return a new instance of the registered task ``name``."""
     try:
         return _TASKS[name]()
     except KeyError:
         known = ", ".join(sorted(_TASKS)) or "none"
-        raise KeyError(f"unknown task {name!r}; registered tasks: {known}") from None
+        raise UnknownTaskError(f"unknown task {name!r}; registered tasks: {known}") from None
 
 
 def task_names() -> list[str]:

@@ -57,16 +57,20 @@ def test_page_loads_with_table_legend_and_no_traceback(page):
     assert "Traceback" not in page.content()
 
 
-def test_selecting_a_row_shows_its_tokens(page):
-    open_row(page, 0)
-    completion0 = page.locator(".tabulator-row").nth(0).locator("[tabulator-field=completion]").inner_text()
+def strip_text(page) -> str:
     toks = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
-    assert "".join(t for t in toks if not t.startswith("<")).startswith(completion0.strip()[:10])
-    open_row(page, 3)
-    completion3 = page.locator(".tabulator-row").nth(3).locator("[tabulator-field=completion]").inner_text()
-    page.wait_for_timeout(500)
-    toks3 = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
-    assert "".join(t for t in toks3 if not t.startswith("<")).startswith(completion3.strip()[:10])
+    return "".join(t for t in toks if t != "<eos>")
+
+
+def test_selecting_a_row_shows_its_tokens(page):
+    completions = page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
+    first, other = 0, next(i for i, c in enumerate(completions) if c != completions[0])
+    for n in (first, other):
+        page.locator(".tabulator-row").nth(n).click()
+        deadline = time.time() + 20
+        while strip_text(page) != completions[n] and time.time() < deadline:
+            page.wait_for_timeout(200)
+        assert strip_text(page) == completions[n]
 
 
 def test_switching_the_channel_recolours_the_strip(page):
@@ -123,20 +127,26 @@ def test_typed_prompt_that_cannot_be_parsed_is_reported(page, server):
 
 def test_generate_adds_rows_while_the_page_stays_responsive(page):
     total = int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
+    open_row(page, 0)
     page.locator(".typed-prompts textarea").fill("Q: 12+34=\nQ: 50-7+8=")
     page.locator(".typed-prompts textarea").press("Tab")
     page.locator(".group-size input").fill("3")
     page.locator(".group-size input").press("Tab")
     page.locator(".generate-button button").click()
-    # while the worker samples, the page still answers: switch channel and see it applied
+    # while the worker starts and samples, the page still answers: the strip recolours
+    page.locator(".generate-status .banner.info", has_text="Starting the sampling worker").wait_for(timeout=10_000)
     page.locator(".channel-picker button", has_text="logprob").click()
+    page.wait_for_selector('.token-strip .strip[data-channel="logprob"]', timeout=10_000)
+    assert "rollouts stored" not in text(page.locator(".generate-status"))  # it was still running
     page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
-    status = text(page.locator(".generate-status"))
-    assert "done: 6 rollouts stored" in status
+    assert "done: 6 rollouts stored" in text(page.locator(".generate-status"))
     wait_text(page, page.locator(".table-count"), f"of {total + 6:,} rollouts")
     # the new group is shown in the group view
     page.wait_for_selector(".group-card", timeout=20_000)
     assert page.locator(".group-card").count() == 3
+
+
+NASTY = ["<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>", "**bold** [x](javascript:1)"]
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +163,8 @@ def hostile_server(tmp_path_factory):
     store = Store.open(db, seed_dir=ROLLOUTS_DIR)
     task = get_task("arithmetic")
     prompt = task.parse_prompt("Q: 1+1=")
-    nasty = ["<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>", "**bold** [x](javascript:1)"]
     gens = []
-    for i, text in enumerate(nasty):
+    for i, text in enumerate(NASTY):
         pieces = [text[j:j + 5] for j in range(0, len(text), 5)]
         T = len(pieces)
         gens.append(Generation(0, i, prompt.text, text, np.arange(T), pieces, np.full(T, -0.5, np.float32),
@@ -169,19 +178,35 @@ def hostile_server(tmp_path_factory):
     s.stop()
 
 
-def test_completions_render_as_text_never_as_html(browser, hostile_server):
-    pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+@pytest.fixture()
+def hostile_page(browser, hostile_server):
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    since = len(hostile_server.output())
     pg.goto(hostile_server.url)
     pg.wait_for_selector(".tabulator-row", timeout=60_000)
-    for n in range(3):
+    yield pg
+    ctx.close()
+    assert not errors, errors
+    assert not hostile_server.tracebacks(since)
+
+
+def test_completions_render_as_text_never_as_html(hostile_page):
+    pg = hostile_page
+    seen = set()
+    for n in range(pg.locator(".tabulator-row").count()):
         row = pg.locator(".tabulator-row").nth(n)
-        assert any(s in row.inner_text() for s in ("<script>", "<img src=x", "**bold**"))
+        shown = row.locator("[tabulator-field=completion]").inner_text()
+        if shown not in NASTY:
+            continue
         row.click()
-        pg.wait_for_selector(".token-strip .tok", timeout=20_000)
-        pg.wait_for_timeout(300)
-    strip_text = "".join(pg.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)"))
-    assert strip_text in {"<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>",
-                          "**bold** [x](javascript:1)"}
+        deadline = time.time() + 20
+        while strip_text(pg) != shown and time.time() < deadline:
+            pg.wait_for_timeout(200)
+        assert strip_text(pg) == shown  # the strip shows the characters, literally
+        seen.add(shown)
+    assert seen == set(NASTY)  # each hostile completion was listed verbatim in the table and opened
     assert pg.evaluate("() => window.__pwned") is None
     assert pg.locator("img[src=x]").count() == 0
-    pg.close()
