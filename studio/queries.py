@@ -31,22 +31,32 @@ class RolloutFilter:
     limit: int = MAX_TABLE_ROWS
 
 
-def versions_sql(rule_version_id: str | None) -> tuple[str, list]:
+def versions_sql(rule_version_id: str | None, scope: str = "TRUE") -> tuple[str, list]:
     """``(rollout_id, rule_version_id)``: which rule version's rewards to show per rollout.
 
     ``None`` means each rollout's most recent scoring, so a newer rule that scored only new
     rollouts never blanks out older ones; a given id shows every rollout under that version.
+    ``scope`` is a condition on ``rollouts ro`` limiting which rollouts are looked at.
     """
     if rule_version_id is not None:
-        return "SELECT rollout_id, ?::VARCHAR AS rule_version_id FROM rollouts", [rule_version_id]
-    return ("""SELECT rw.rollout_id, arg_max(rw.rule_version_id, v.created_at) AS rule_version_id
+        return f"SELECT ro.rollout_id, ?::VARCHAR AS rule_version_id FROM rollouts ro WHERE {scope}", [rule_version_id]
+    return (f"""SELECT rw.rollout_id, arg_max(rw.rule_version_id, v.created_at) AS rule_version_id
                FROM rewards rw JOIN rule_versions v USING (rule_version_id)
-               WHERE rw.component = 'total' GROUP BY rw.rollout_id""", [])
+               WHERE rw.component = 'total' AND rw.rollout_id IN (SELECT ro.rollout_id FROM rollouts ro WHERE {scope})
+               GROUP BY rw.rollout_id""", [])
 
 
-def scored_rollouts_sql(rule_version_id: str | None = None) -> tuple[str, list]:
-    """Every rollout with its total reward, accuracy and GRPO advantage (see :func:`versions_sql`)."""
-    versions, params = versions_sql(rule_version_id)
+def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
+                        scope_params: list | None = None) -> tuple[str, list]:
+    """Rollouts with total reward, accuracy and GRPO advantage (see :func:`versions_sql`).
+
+    ``scope`` (a condition on ``rollouts ro`` with ``scope_params``) must keep or drop
+    whole groups, like ``ro.group_id = ?`` or ``ro.run_id = ?``: advantages are computed
+    over what it keeps.
+    """
+    scope_params = scope_params or []
+    versions, vparams = versions_sql(rule_version_id, scope)
+    vparams = vparams + scope_params
     sql = f"""
         WITH versions AS ({versions}),
         scored AS (
@@ -59,19 +69,24 @@ def scored_rollouts_sql(rule_version_id: str | None = None) -> tuple[str, list]:
                  AND tot.rule_version_id = ve.rule_version_id AND tot.component = 'total'
             LEFT JOIN rewards acc ON acc.rollout_id = ro.rollout_id
                  AND acc.rule_version_id = ve.rule_version_id AND acc.component = 'accuracy'
+            WHERE {scope}
         )
         SELECT *, {grpo_sql('reward', 'group_id')} AS advantage FROM scored
     """
-    return sql, params
+    return sql, vparams + scope_params
+
+
+GROUP_OF = "ro.group_id = (SELECT group_id FROM rollouts WHERE rollout_id = ?)"
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter) -> tuple[str, list]:
-    base, params = scored_rollouts_sql(rule_version_id)
-    where, wparams = [], []
-    if f.run_id:
-        where.append("s.run_id = ?"); wparams.append(f.run_id)
+    scope, sparams = ["TRUE"], []
+    if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
+        scope.append("ro.run_id = ?"); sparams.append(f.run_id)
     if f.group_id:
-        where.append("s.group_id = ?"); wparams.append(f.group_id)
+        scope.append("ro.group_id = ?"); sparams.append(f.group_id)
+    base, params = scored_rollouts_sql(rule_version_id, " AND ".join(scope), sparams)
+    where, wparams = [], []
     if f.prompt_contains:
         # contains(), not LIKE: a typed % or _ is a character, not a wildcard
         where.append("contains(lower(p.text), lower(?))"); wparams.append(f.prompt_contains.strip())
@@ -103,7 +118,7 @@ def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version
 
 def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None) -> dict | None:
     """One rollout with its prompt, reward, advantage and reward components."""
-    base, params = scored_rollouts_sql(rule_version_id)
+    base, params = scored_rollouts_sql(rule_version_id, GROUP_OF, [rollout_id])
     rows = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.name AS run, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
@@ -119,7 +134,8 @@ def components(store: Store, rollout_ids: list[str], rule_version_id: str | None
     """``{rollout_id: {component: value}}``, each rollout under the version :func:`versions_sql` picks."""
     if not rollout_ids:
         return {}
-    versions, params = versions_sql(rule_version_id)
+    versions, params = versions_sql(rule_version_id, "list_contains(?, ro.rollout_id)")
+    params = params + [rollout_ids]
     df = store.df(f"""
         WITH versions AS ({versions})
         SELECT rw.rollout_id, rw.component, rw.value FROM rewards rw
@@ -152,11 +168,11 @@ def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
 
 def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
-    base, params = scored_rollouts_sql(rule_version_id)
+    base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id])
     df = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
-        WHERE s.group_id = ? ORDER BY s.sample_idx, s.rollout_id""", params + [group_id])
+        ORDER BY s.sample_idx, s.rollout_id""", params)
     comps = components(store, df["rollout_id"].tolist(), rule_version_id)
     names = sorted({c for d in comps.values() for c in d if c != "total"})
     for c in names:
@@ -167,8 +183,9 @@ def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd
 
 def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
     """One row per group: prompt, size, mean reward, and whether all rewards are equal."""
-    base, params = scored_rollouts_sql(rule_version_id)
-    where, wp = ("WHERE s.run_id = ?", [run_id]) if run_id else ("", [])
+    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
+                                       [run_id] if run_id else [])
+    where, wp = "", []
     return store.df(f"""
         SELECT s.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
                avg(s.reward) AS mean_reward, avg(CASE WHEN s.accuracy >= 1 THEN 1 ELSE 0 END) AS accuracy,
