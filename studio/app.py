@@ -35,8 +35,8 @@ def describe_policy(path: str | Path) -> str:
     name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
     # The worker picks the device (CUDA when present); importing torch here just for the
     # label would cost the server seconds at start-up.
-    device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "worker: CUDA if present, else CPU"
-    return f"{name} · {arch} · local, {device}"
+    device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "CUDA if present, else CPU"
+    return f"{name} · {arch} · local worker on {device}"
 
 
 def refusal_page(message: str) -> pn.template.BootstrapTemplate:

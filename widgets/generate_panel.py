@@ -15,7 +15,8 @@ from backends import PolicyLoadError
 from studio import queries
 from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate
 from studio.store import StoreError
-from studio.tasks import TaskParseError
+from studio.tasks import TaskParseError, get_task
+from studio.tasks.arithmetic import DIFFICULTIES
 
 from .state import StudioState
 from .style import CSS, banner
@@ -27,6 +28,8 @@ class GeneratePanel(pn.viewable.Viewer):
     state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
     picked = param.ListSelector(default=[], objects=[], doc="Prompts picked from the store.")
     typed = param.String(default="", doc="Prompts typed in, one per line (e.g. 'Q: 23+48-7=').")
+    fresh = param.Integer(default=0, bounds=(0, 256), doc="New prompts drawn from the task's generator (seeded).")
+    difficulty = param.Selector(default="medium", objects=list(DIFFICULTIES), doc="Difficulty of the new prompts.")
     # defaults and bounds come from GenerateConfig / BOUNDS: one source of truth
     group_size = param.Integer(default=GenerateConfig.group_size, bounds=BOUNDS["group_size"],
                                doc="Completions per prompt: one GRPO group.")
@@ -59,6 +62,10 @@ class GeneratePanel(pn.viewable.Viewer):
             pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
                                                 placeholder="Q: 23+48-7=", height=70, sizing_mode="stretch_width",
                                                 css_classes=["typed-prompts"]),
+            pn.Row(pn.widgets.IntInput.from_param(self.param.fresh, name="…or draw new prompts", width=100,
+                                                  css_classes=["fresh-prompts"]),
+                   pn.widgets.Select.from_param(self.param.difficulty, name="Difficulty", width=100),
+                   sizing_mode="stretch_width"),
             pn.Row(pn.widgets.IntInput.from_param(self.param.group_size, name="Group size", width=100,
                                                   css_classes=["group-size"]),
                    pn.widgets.FloatInput.from_param(self.param.temperature, name="Temperature", width=100),
@@ -81,7 +88,9 @@ class GeneratePanel(pn.viewable.Viewer):
         self.picked = [p for p in self.picked if p in prompts]
 
     def prompts(self) -> list[str]:
-        return list(self.picked) + [line for line in self.typed.splitlines() if line.strip()]
+        """Picked, typed, then freshly drawn prompts (drawn with the sampler's seed)."""
+        drawn = get_task("arithmetic").make_prompts(self.fresh, seed=self.seed, difficulty=self.difficulty)
+        return list(self.picked) + [line for line in self.typed.splitlines() if line.strip()] + [p.text for p in drawn]
 
     async def _on_generate(self, event=None) -> None:
         if self.running:

@@ -210,3 +210,15 @@ def test_completions_render_as_text_never_as_html(hostile_page):
     assert seen == set(NASTY)  # each hostile completion was listed verbatim in the table and opened
     assert pg.evaluate("() => window.__pwned") is None
     assert pg.locator("img[src=x]").count() == 0
+
+
+def test_generate_on_fresh_prompts_from_the_task_generator(page):
+    total = int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
+    page.locator(".fresh-prompts input").fill("2")
+    page.locator(".fresh-prompts input").press("Tab")
+    page.locator(".group-size input").fill("2")
+    page.locator(".group-size input").press("Tab")
+    page.locator(".generate-button button").click()
+    page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
+    assert "done: 4 rollouts stored" in text(page.locator(".generate-status"))
+    wait_text(page, page.locator(".table-count"), f"of {total + 4:,} rollouts")
