@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 import shutil
 import signal
 import socket
@@ -82,9 +83,9 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture()
-def page(browser, server):
-    """A fresh page on the studio; fails the test on any page error or server traceback."""
+@contextmanager
+def studio_page(browser, server: Server):
+    """A fresh page on ``server``; fails on any page error, failed request or server traceback."""
     ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
     pg = ctx.new_page()
     errors: list[str] = []
@@ -97,3 +98,9 @@ def page(browser, server):
     ctx.close()
     assert not errors, errors
     assert not server.tracebacks(since), server.tracebacks(since)
+
+
+@pytest.fixture()
+def page(browser, server):
+    with studio_page(browser, server) as pg:
+        yield pg

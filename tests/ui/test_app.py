@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import Server
+from .conftest import Server, studio_page
 
 pytestmark = pytest.mark.ui
 
@@ -118,22 +118,30 @@ def test_group_view_shows_every_completion_with_advantages(page):
 
 def test_typed_prompt_that_cannot_be_parsed_is_reported(page, server):
     before = text(page.locator(".table-count"))
-    page.locator(".typed-prompts textarea").fill("what is two plus two?")
-    page.locator(".typed-prompts textarea").press("Tab")
-    page.locator(".generate-button button").click()
+    start_generate(page, group_size=2, typed="what is two plus two?")
     page.wait_for_selector(".generate-status .banner.error", timeout=20_000)
     assert "cannot read 'what is two plus two?'" in text(page.locator(".generate-status"))
     assert text(page.locator(".table-count")) == before
 
 
-def test_generate_adds_rows_while_the_page_stays_responsive(page):
-    total = int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
-    open_row(page, 0)
-    page.locator(".typed-prompts textarea").fill("Q: 12+34=\nQ: 50-7+8=")
-    page.locator(".typed-prompts textarea").press("Tab")
-    page.locator(".group-size input").fill("3")
-    page.locator(".group-size input").press("Tab")
+def rollouts_total(page) -> int:
+    return int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
+
+
+def start_generate(page, group_size: int, typed: str | None = None, fresh: int | None = None) -> None:
+    """Fill the Generate form as a person does (typing, then leaving each field) and press it."""
+    fields = [(".typed-prompts textarea", typed), (".fresh-prompts input", fresh), (".group-size input", group_size)]
+    for selector, value in fields:
+        if value is not None:
+            page.locator(selector).fill(str(value))
+            page.locator(selector).press("Tab")
     page.locator(".generate-button button").click()
+
+
+def test_generate_adds_rows_while_the_page_stays_responsive(page):
+    total = rollouts_total(page)
+    open_row(page, 0)
+    start_generate(page, group_size=3, typed="Q: 12+34=\nQ: 50-7+8=")
     # while the worker starts and samples, the page still answers: the strip recolours
     page.locator(".generate-status .banner.info", has_text="Starting the sampling worker").wait_for(timeout=10_000)
     page.locator(".channel-picker button", has_text="logprob").click()
@@ -180,17 +188,8 @@ def hostile_server(tmp_path_factory):
 
 @pytest.fixture()
 def hostile_page(browser, hostile_server):
-    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-    since = len(hostile_server.output())
-    pg.goto(hostile_server.url)
-    pg.wait_for_selector(".tabulator-row", timeout=60_000)
-    yield pg
-    ctx.close()
-    assert not errors, errors
-    assert not hostile_server.tracebacks(since)
+    with studio_page(browser, hostile_server) as pg:
+        yield pg
 
 
 def test_completions_render_as_text_never_as_html(hostile_page):
@@ -213,12 +212,8 @@ def test_completions_render_as_text_never_as_html(hostile_page):
 
 
 def test_generate_on_fresh_prompts_from_the_task_generator(page):
-    total = int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
-    page.locator(".fresh-prompts input").fill("2")
-    page.locator(".fresh-prompts input").press("Tab")
-    page.locator(".group-size input").fill("2")
-    page.locator(".group-size input").press("Tab")
-    page.locator(".generate-button button").click()
+    total = rollouts_total(page)
+    start_generate(page, group_size=2, fresh=2)
     page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
     assert "done: 4 rollouts stored" in text(page.locator(".generate-status"))
     wait_text(page, page.locator(".table-count"), f"of {total + 4:,} rollouts")
