@@ -22,7 +22,7 @@ TABLES: dict[str, str] = {
         config JSON,
         parent_run_id VARCHAR,
         created_at TIMESTAMP,
-        status VARCHAR                  -- running | done | failed | cancelled
+        status VARCHAR                  -- running | done | failed | cancelled | interrupted
     """,
     "prompts": """
         prompt_id VARCHAR PRIMARY KEY,  -- hash of task + text: one id per distinct prompt

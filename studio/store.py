@@ -66,6 +66,7 @@ class Store:
         store = cls(con, str(path))
         try:
             store._check_and_migrate()
+            store._close_interrupted_runs()
         except Exception:
             con.close()
             raise
@@ -114,6 +115,12 @@ class Store:
                 for stmt in schema.ddl():
                     cur.execute(stmt)
                 cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
+
+    def _close_interrupted_runs(self) -> None:
+        """Runs still 'running' when the file is opened were cut off (a killed owner): DuckDB
+        lets one process open the file, so nobody else can be writing them now."""
+        with self.transaction() as cur:
+            cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
 
     def seed(self, folder: str | Path) -> None:
         """Load ``<table>.parquet`` files from ``folder`` into the matching tables, atomically."""
