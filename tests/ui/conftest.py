@@ -50,9 +50,11 @@ class Server:
         return self.log.read_text()[since:]
 
     def tracebacks(self, since: int = 0) -> list[str]:
-        """Server tracebacks, except tornado's report of a browser closing its websocket."""
+        """Server tracebacks, except the two that a browser leaving causes in Tornado/Bokeh:
+        writing to a closed websocket, and Bokeh receiving a last event from a connection
+        whose session it has already detached (a page reloaded mid-click)."""
         blocks = re.split(r"(?=Traceback \(most recent call last\))", self.output(since))[1:]
-        benign = ("WebSocketClosedError", "StreamClosedError")
+        benign = ("WebSocketClosedError", "StreamClosedError", "assert self._session is not None")
         return [b for b in blocks if not any(x in b for x in benign)]
 
     def stop(self) -> None:

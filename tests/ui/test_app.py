@@ -146,8 +146,8 @@ def test_generate_adds_rows_while_the_page_stays_responsive(page):
     page.locator(".generate-status .banner.info", has_text="Starting the sampling worker").wait_for(timeout=10_000)
     page.locator(".channel-picker button", has_text="logprob").click()
     page.wait_for_selector('.token-strip .strip[data-channel="logprob"]', timeout=10_000)
-    assert "rollouts stored" not in text(page.locator(".generate-status"))  # it was still running
-    page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
+    assert "done:" not in text(page.locator(".generate-status"))  # it was still running
+    page.locator(".generate-status .banner", has_text="done:").wait_for(timeout=120_000)
     assert "done: 6 rollouts stored" in text(page.locator(".generate-status"))
     wait_text(page, page.locator(".table-count"), f"of {total + 6:,} rollouts")
     # the group view switches to the first new group (3 completions) from the 8-card one
@@ -214,6 +214,6 @@ def test_completions_render_as_text_never_as_html(hostile_page):
 def test_generate_on_fresh_prompts_from_the_task_generator(page):
     total = rollouts_total(page)
     start_generate(page, group_size=2, fresh=2)
-    page.locator(".generate-status .banner", has_text="rollouts stored").wait_for(timeout=120_000)
+    page.locator(".generate-status .banner", has_text="done:").wait_for(timeout=120_000)
     assert "done: 4 rollouts stored" in text(page.locator(".generate-status"))
     wait_text(page, page.locator(".table-count"), f"of {total + 4:,} rollouts")
