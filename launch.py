@@ -78,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
     ap.add_argument("--address", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1); any other needs --basic-auth or --oauth-provider")
-    ap.add_argument("--basic-auth", default=None, help="password, or a file of user:password lines (Panel basic auth)")
+    ap.add_argument("--basic-auth", default=None,
+                    help='password, or a JSON file mapping users to passwords ({"alice": "..."}) (Panel basic auth)')
     ap.add_argument("--oauth-provider", default=None, help="Panel OAuth provider (with PANEL_OAUTH_* settings)")
     ap.add_argument("--cookie-secret", default=None, help="cookie secret for authentication (random if omitted)")
+    ap.add_argument("--admins", default=None,
+                    help="comma-separated users allowed to run code (Generate); others only browse. Needs authentication")
     ap.add_argument("--no-show", action="store_true", help="do not open a browser")
     ap.add_argument("--check", action="store_true", help="build the app headless, report, and exit")
     return ap
@@ -91,7 +94,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not 0 < args.port < 65536:
         ap.error(f"--port must be 1-65535, got {args.port}")
+    if args.admins is not None and not (args.basic_auth or args.oauth_provider):
+        ap.error("--admins needs authentication to know who is who: add --basic-auth FILE.json or --oauth-provider")
     return args
+
+
+def admin_set(value: str | None) -> frozenset[str] | None:
+    """``"alice, bob"`` -> {"alice", "bob"}; None means everyone may run code."""
+    if value is None:
+        return None
+    return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --policy: {exc}", file=sys.stderr)
         return 2
 
+    admins = admin_set(args.admins)
     if args.check:
-        app = create_app(db, policy, store=store)
+        app = create_app(db, policy, store=store, admins=admins)
         app.server_doc()  # builds every Bokeh model, as a browser session would
         c = store.counts()
         print(f"ok: {db} ({c['rollouts']} rollouts, {c['tokens']} tokens, {c['runs']} runs); policy {policy}")
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.oauth_provider:
         auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
     print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
-    pn.serve({"/": lambda: create_app(db, policy, store=store)}, port=args.port, address=args.address,
+    pn.serve({"/": lambda: create_app(db, policy, store=store, admins=admins)}, port=args.port, address=args.address,
              websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False, **auth)
     return 0
 
@@ -152,4 +165,5 @@ elif __name__.startswith("bokeh_app"):
     if problem:
         refusal_page(problem).servable()
     else:
-        create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY")).servable()
+        create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY"),
+                   admins=admin_set(os.environ.get("ROLLOUT_STUDIO_ADMINS"))).servable()

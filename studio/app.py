@@ -48,9 +48,19 @@ def refusal_page(message: str) -> pn.template.BootstrapTemplate:
     return template
 
 
+def may_run_code(admins: frozenset[str] | None) -> bool:
+    """Whether this session's user may start code-running work (Generate, later rules and
+    mini-runs): everyone when no admins are configured, else only the named users."""
+    return admins is None or (pn.state.user or "") in admins
+
+
 def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,
-               store: Store | None = None) -> pn.template.BootstrapTemplate:
-    """Build the studio page for one session."""
+               store: Store | None = None, admins: frozenset[str] | None = None) -> pn.template.BootstrapTemplate:
+    """Build the studio page for one session.
+
+    With ``admins`` set, users outside it browse only: the Generate panel is not built for
+    their session at all, so no callback exists that could run code on their behalf.
+    """
     from widgets.generate_panel import GeneratePanel
     from widgets.group_view import GroupView
     from widgets.rollout_table import RolloutTable
@@ -76,7 +86,14 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     table = RolloutTable(state=state)
     strip = TokenStrip(state=state)
     group = GroupView(state=state)
-    gen = GeneratePanel(state=state)
+    if may_run_code(admins):
+        run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
+                           css_classes=["generate-card"], header_background="#eef2ff")
+    else:
+        run_code = pn.pane.HTML(
+            banner("info", f"Signed in as {pn.state.user}: browsing only. Generate and other code-running "
+                           f"actions are for {', '.join(sorted(admins))}."),
+            stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["browse-only"])
 
     def section(title: str) -> pn.pane.HTML:
         return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
@@ -97,8 +114,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         pn.layout.Divider(),
         section("Filter rollouts"), table.controls,
         pn.layout.Divider(),
-        pn.Card(gen, title="Generate", collapsed=False, sizing_mode="stretch_width", css_classes=["generate-card"],
-                header_background="#eef2ff"),
+        run_code,
     ])
     card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
     template.main.extend([

@@ -49,6 +49,12 @@ def test_non_loopback_address_needs_authentication(tmp_path):
     assert not (tmp_path / "s.duckdb").exists()
 
 
+def test_admins_need_authentication():
+    r = run("--admins", "alice", "--check")
+    assert r.returncode == 2 and "--admins needs authentication" in r.stderr
+    assert launch.admin_set(" alice, bob ,") == {"alice", "bob"} and launch.admin_set(None) is None
+
+
 def test_bad_port_is_an_argument_error():
     r = run("--port", "70000", "--check")
     assert r.returncode == 2 and "--port must be 1-65535" in r.stderr
