@@ -24,6 +24,15 @@ class StoreError(RuntimeError):
     """The store cannot be opened or written; the message says why and what to do."""
 
 
+class QueryTimeout(StoreError):
+    """A read ran past its time limit and was interrupted (the store is unchanged)."""
+
+
+def default_query_timeout() -> float:
+    """Seconds a read may run: ``$ROLLOUT_STUDIO_QUERY_TIMEOUT`` or 30 (0 disables)."""
+    return float(os.environ.get("ROLLOUT_STUDIO_QUERY_TIMEOUT", "30"))
+
+
 def default_db_path() -> Path:
     """``$ROLLOUT_STUDIO_DB`` or ``~/.local/share/rollout-studio/studio.duckdb``."""
     env = os.environ.get("ROLLOUT_STUDIO_DB")
@@ -43,6 +52,7 @@ class Store:
         self._con = con
         self.path = path
         self._write_lock = threading.Lock()
+        self.query_timeout_s = default_query_timeout()
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -140,13 +150,35 @@ class Store:
         """A cursor of the shared connection: use one per call, from any thread."""
         return self._con.cursor()
 
-    def df(self, sql: str, params: list[Any] | dict | None = None) -> pd.DataFrame:
-        """Run a parameterised query and return a DataFrame."""
-        return self.cursor().execute(sql, params or []).df()
+    def df(self, sql: str, params: list[Any] | dict | None = None, timeout_s: float | None = None) -> pd.DataFrame:
+        """Run a parameterised read and return a DataFrame, within the time limit.
 
-    def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
-        row = self.cursor().execute(sql, params or []).fetchone()
+        Raises:
+            QueryTimeout: the query ran longer than ``timeout_s`` (default
+                :attr:`query_timeout_s`) and was interrupted.
+        """
+        return self._read(sql, params, timeout_s, lambda cur: cur.df())
+
+    def scalar(self, sql: str, params: list[Any] | None = None, timeout_s: float | None = None) -> Any:
+        row = self._read(sql, params, timeout_s, lambda cur: cur.fetchone())
         return row[0] if row else None
+
+    def _read(self, sql, params, timeout_s, fetch):
+        limit = self.query_timeout_s if timeout_s is None else timeout_s
+        cur = self.cursor()
+        timer = threading.Timer(limit, cur.interrupt) if limit and limit > 0 else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            return fetch(cur.execute(sql, params or []))
+        except duckdb.InterruptException:
+            raise QueryTimeout(
+                f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
+                "ROLLOUT_STUDIO_QUERY_TIMEOUT; nothing was changed.") from None
+        finally:
+            if timer:
+                timer.cancel()
 
     # -- writing -------------------------------------------------------------------------
     @contextmanager

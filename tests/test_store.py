@@ -171,3 +171,12 @@ def test_a_newer_rule_version_does_not_blank_out_older_rollouts(seeded_store, sa
     # an explicit version shows every rollout under it: the old ones have no score there
     only_strict = queries.rollout_table(seeded_store, rule_version_id=strict.version_id)
     assert only_strict["reward"].notna().sum() == 2
+
+
+def test_a_runaway_query_is_stopped_with_a_message(seeded_store):
+    from studio.store import QueryTimeout
+
+    before = seeded_store.counts()
+    with pytest.raises(QueryTimeout, match="stopped after 0.5 s"):
+        seeded_store.df("SELECT sum(a.range * b.range) FROM range(300000) a, range(300000) b", timeout_s=0.5)
+    assert seeded_store.counts() == before  # and the connection still answers

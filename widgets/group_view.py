@@ -7,6 +7,7 @@ import param
 
 from studio import queries
 from studio.advantages import EQUAL_TOL
+from studio.store import StoreError
 
 from .state import StudioState
 from .style import CSS, SCALES, banner, chip, esc
@@ -56,6 +57,12 @@ class GroupView(pn.viewable.Viewer):
 
     @param.depends("state.group_id", "state.channel", "state.refresh", watch=True)
     def _render(self) -> None:
+        try:
+            self._show()
+        except StoreError as exc:  # e.g. a query past its time limit: say so in place
+            self._header.object, self._grid.objects = banner("error", str(exc)), []
+
+    def _show(self) -> None:
         st = self.state
         self._cards = {}
         if not st.group_id:

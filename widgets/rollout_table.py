@@ -7,9 +7,10 @@ import param
 from bokeh.models.widgets.tables import NumberFormatter
 
 from studio import queries
+from studio.store import StoreError
 
 from .state import StudioState
-from .style import esc
+from .style import banner, esc
 
 ALL_RUNS = "All runs"
 COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "run",
@@ -88,7 +89,11 @@ class RolloutTable(pn.viewable.Viewer):
     @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.refresh", watch=True)
     def _reload(self) -> None:
         f = self.current_filter()
-        df = queries.rollout_table(self.state.store, f).reindex(columns=COLUMNS)
+        try:
+            df = queries.rollout_table(self.state.store, f).reindex(columns=COLUMNS)
+        except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
+            self._count.object = banner("error", str(exc))
+            return
         df["correct"] = df["correct"].fillna(False).astype(bool)
         self._table.value = df
         total = queries.rollout_count(self.state.store)

@@ -10,11 +10,12 @@ import panel as pn
 import param
 
 from studio import queries
+from studio.store import StoreError
 from studio.tasks import get_task
 from studio.vocab import decode_ids
 
 from .state import StudioState
-from .style import CSS, SCALES, chip, esc
+from .style import CSS, SCALES, banner, chip, esc
 
 SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
 VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
@@ -120,6 +121,12 @@ class TokenStrip(pn.viewable.Viewer):
 
     @param.depends("state.rollout_id", "state.channel", "state.refresh", watch=True)
     def _render(self) -> None:
+        try:
+            self._show()
+        except StoreError as exc:  # e.g. a query past its time limit: say so in place
+            self._header.object, self._strip.object = banner("error", str(exc)), ""
+
+    def _show(self) -> None:
         st = self.state
         self._legend.object = SCALES[st.channel].legend_html()
         if not st.rollout_id:
