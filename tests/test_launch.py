@@ -23,8 +23,8 @@ def run(*args, env=None, timeout=180):
 def test_check_builds_the_app_on_a_fresh_store(tmp_path):
     db = tmp_path / "fresh" / "studio.duckdb"
     r = run("--db", str(db), "--check")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: ") and " rollouts" in r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok: ") and " rollouts" in r.stdout, r.stdout + r.stderr
     assert db.exists() and not list(db.parent.glob(".*building*"))
 
 
