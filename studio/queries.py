@@ -166,6 +166,14 @@ def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
         FROM tokens WHERE rollout_id = ? ORDER BY pos""", [rollout_id])
 
 
+def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
+    """Tokens of several rollouts in one query: ``{rollout_id: tokens in order}``."""
+    df = store.df("""
+        SELECT rollout_id, pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx
+        FROM tokens WHERE list_contains(?, rollout_id) ORDER BY rollout_id, pos""", [rollout_ids])
+    return {rid: part.drop(columns="rollout_id").reset_index(drop=True) for rid, part in df.groupby("rollout_id")}
+
+
 def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
     base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id])

@@ -1,7 +1,13 @@
 """Group view: every completion sampled for one prompt, side by side, with reward
-components and GRPO advantage, flagged when all rewards are equal (no learning signal)."""
+components and GRPO advantage, flagged when all rewards are equal (no learning signal).
+
+The grid is one HTML pane built from two queries (the group, then all its tokens), so
+switching groups stays cheap when many sessions browse at once; a selection change only
+re-draws the highlight from the cached group.
+"""
 from __future__ import annotations
 
+import pandas as pd
 import panel as pn
 import param
 
@@ -13,7 +19,11 @@ from .state import StudioState
 from .style import CSS, SCALES, banner, chip, esc
 from .token_strip import step_verdicts, strip_html
 
-SELECTED, UNSELECTED = "#3b5bdb", "#dee2e6"
+GRID_CSS = """
+.grid { display:flex; flex-wrap:wrap; gap:8px; }
+.group-card { width:290px; border:1px solid #dee2e6; border-radius:8px; padding:6px 8px; background:#fff; }
+.group-card.selected { border:2px solid #3b5bdb; padding:5px 7px; }
+"""
 
 
 class GroupView(pn.viewable.Viewer):
@@ -21,15 +31,22 @@ class GroupView(pn.viewable.Viewer):
 
     state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
     group = param.Selector(default="", objects=[""], doc="The group to show (prompt · run).")
+    open_sample = param.Selector(default=None, objects=[], allow_None=True,
+                                 doc="The completion of this group to open in the token strip.")
 
     def __init__(self, **params):
         super().__init__(**params)
         self._labels: dict[str, str] = {}
-        self._cards: dict[str, tuple[pn.Column, pn.widgets.Button]] = {}
+        self._samples: dict[str, str] = {}  # "#3" -> rollout_id
+        self._cached: tuple[pd.DataFrame, dict[str, pd.DataFrame]] | None = None
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group", width=420)
+        self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
+                                                              button_type="light", css_classes=["open-picker"])
         self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5))
-        self._grid = pn.FlexBox(sizing_mode="stretch_width", css_classes=["group-grid"])
-        self._layout = pn.Column(self._picker, self._header, self._grid, sizing_mode="stretch_width")
+        self._grid = pn.pane.HTML("", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width",
+                                  css_classes=["group-grid"])
+        self._layout = pn.Column(pn.Row(self._picker, self._opener), self._header, self._grid,
+                                 sizing_mode="stretch_width")
         self._refresh_choices()
         self._render()
 
@@ -55,25 +72,30 @@ class GroupView(pn.viewable.Viewer):
         if gid and gid != self.state.group_id:
             self.state.group_id = gid
 
-    @param.depends("state.group_id", "state.channel", "state.refresh", watch=True)
-    def _render(self) -> None:
-        try:
-            self._show()
-        except StoreError as exc:  # e.g. a query past its time limit: say so in place
-            self._header.object, self._grid.objects = banner("error", str(exc)), []
+    @param.depends("open_sample", watch=True)
+    def _open(self) -> None:
+        rid = self._samples.get(self.open_sample or "")
+        if rid and rid != self.state.rollout_id:
+            self.state.rollout_id = rid
 
-    def _show(self) -> None:
+    @param.depends("state.group_id", "state.refresh", watch=True)
+    def _render(self) -> None:
+        """Load the group (two queries) and draw it."""
         st = self.state
-        self._cards = {}
-        if not st.group_id:
-            self._header.object = '<div class="empty">Select a rollout or a group to compare its completions.</div>'
-            self._grid.objects = []
+        self._cached = None
+        try:
+            df = queries.group(st.store, st.group_id) if st.group_id else pd.DataFrame()
+            toks = queries.tokens_of(st.store, df["rollout_id"].tolist()) if not df.empty else {}
+        except StoreError as exc:  # e.g. a query past its time limit: say so in place
+            self._header.object, self._grid.object = banner("error", str(exc)), ""
             return
-        df = queries.group(st.store, st.group_id)
-        if df.empty:
-            self._header.object = '<div class="empty">This group has no rollouts.</div>'
-            self._grid.objects = []
+        self._samples = {f"#{int(r.sample_idx)}": r.rollout_id for r in df.itertuples()} if not df.empty else {}
+        self.param.open_sample.objects = list(self._samples)
+        if not st.group_id or df.empty:
+            msg = "Select a rollout or a group to compare its completions." if not st.group_id else "This group has no rollouts."
+            self._header.object, self._grid.object = f'<div class="empty">{esc(msg)}</div>', ""
             return
+        self._cached = (df, toks)
         first = df.iloc[0]
         gold = queries.prompt_of_row(first.to_dict()).gold.get("answer", "?")
         rewards = df["reward"].astype(float)
@@ -86,36 +108,35 @@ class GroupView(pn.viewable.Viewer):
             head += banner("warn", f"All {len(df)} rewards are equal ({rewards.iloc[0]:.3f}): every GRPO "
                                    "advantage is 0 and this group gives no learning signal.")
         self._header.object = head
-        self._grid.objects = [self._card(row, df.attrs.get("components", [])) for _, row in df.iterrows()]
-        self._highlight()
+        self._draw()
 
-    def _card(self, row, components: list[str]) -> pn.Column:
+    @param.depends("state.channel", "state.rollout_id", watch=True)
+    def _draw(self) -> None:
+        """Draw the cached group's cards for the current channel and selection (no query)."""
+        if self._cached is None:
+            return
+        df, toks = self._cached
         st = self.state
-        toks = queries.tokens(st.store, row["rollout_id"])
+        comps = df.attrs.get("components", [])
+        cards = [self._card(row, toks.get(row["rollout_id"]), comps) for _, row in df.iterrows()]
+        self._grid.object = f'<div class="grid">{"".join(cards)}</div>'
+        current = next((k for k, v in self._samples.items() if v == st.rollout_id), None)
+        if current != self.open_sample:
+            self.open_sample = current
+
+    def _card(self, row, toks: pd.DataFrame | None, components: list[str]) -> str:
+        st = self.state
         ok = row["accuracy"] is not None and row["accuracy"] >= 1
         comps = "".join(f'<span>{esc(c)} <b>{row[c]:.2f}</b></span>' for c in components if row[c] is not None)
-        html = (f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
+        strip = strip_html(toks, st.channel, row["advantage"], None, step_verdicts(row.to_dict()), compact=True) \
+            if toks is not None else '<div class="empty">no tokens stored</div>'
+        selected = " selected" if row["rollout_id"] == st.rollout_id else ""
+        return (f'<div class="group-card{selected}" data-rollout="{esc(row["rollout_id"])}">'
+                f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
                 f'{"<b class=ok>✓</b>" if ok else "<b class=bad>✗</b>"}'
                 f'<span>reward <b>{row["reward"]:.3f}</b></span>'
                 f'<span>adv {chip(row["advantage"], SCALES["advantage"])}</span></div>'
-                f'<div class="meta-line">{comps}</div>'
-                + strip_html(toks, st.channel, row["advantage"], None, step_verdicts(row.to_dict()), compact=True))
-        button = pn.widgets.Button(name="Open tokens", button_type="light", width=110, height=28, margin=(0, 5))
-        button.on_click(lambda e, rid=row["rollout_id"]: setattr(st, "rollout_id", rid))
-        card = pn.Column(pn.pane.HTML(html, stylesheets=[CSS], sizing_mode="stretch_width", margin=0), button,
-                         width=300, margin=4, css_classes=["group-card"],
-                         styles={"border": f"1px solid {UNSELECTED}", "border-radius": "8px", "padding": "6px",
-                                 "background": "#ffffff"})
-        self._cards[row["rollout_id"]] = (card, button)
-        return card
-
-    @param.depends("state.rollout_id", watch=True)
-    def _highlight(self) -> None:
-        """Mark the card of the rollout open in the token strip (no re-query)."""
-        for rid, (card, button) in self._cards.items():
-            chosen = rid == self.state.rollout_id
-            card.styles = dict(card.styles, border=f"1px solid {SELECTED if chosen else UNSELECTED}")
-            button.button_type = "primary" if chosen else "light"
+                f'<div class="meta-line">{comps}</div>{strip}</div>')
 
     def __panel__(self):
         return self._layout
