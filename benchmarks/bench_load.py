@@ -65,23 +65,46 @@ def server_errors(log: Path, since: int) -> int:
     return sum(1 for b in blocks if not any(x in b for x in BENIGN))
 
 
+class Ready:
+    """Starts the clocks once every session has loaded its page (or failed to)."""
+
+    def __init__(self, n: int):
+        self.n, self.settled, self.event = n, 0, asyncio.Event()
+
+    def settle(self) -> None:
+        self.settled += 1
+        if self.settled == self.n:
+            self.event.set()
+
+
 async def session(browser, url: str, index: int, seconds: float, latencies: list, errors: list,
-                  loaded: asyncio.Barrier) -> None:
-    ctx = await browser.new_context(viewport={"width": 1400, "height": 900})
+                  ready: Ready) -> None:
+    ctx = await browser.new_context(viewport={"width": 1600, "height": 1000})
     page = await ctx.new_page()
     page.on("pageerror", lambda e: errors.append(f"session {index}: {e}"))
     try:
-        await page.goto(url)
-        await page.wait_for_selector(".tabulator-row", timeout=60_000)
-        texts = await page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
-        await loaded.wait()  # measure steady browsing, not N page loads at once
+        await asyncio.sleep(0.5 * index)  # people arrive one after another, not all at once
+        try:
+            await page.goto(url, timeout=120_000)
+            await page.wait_for_selector(".tabulator-row", timeout=120_000)
+            texts = await page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
+        except Exception as exc:  # a page that never loads is an error, not a crash of the benchmark
+            errors.append(f"session {index}: page did not load: {type(exc).__name__}")
+            return
+        finally:
+            ready.settle()
+        await ready.event.wait()  # measure steady browsing, not N page loads at once
         shown, k = None, index
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             # the next row (round-robin from this session's offset) whose text differs from what is shown
             k = next(j for j in range(k + 1, k + 1 + len(texts)) if texts[j % len(texts)] != shown) % len(texts)
             started = time.perf_counter()
-            await page.locator(".tabulator-row").nth(k).click()
+            try:
+                await page.locator(".tabulator-row").nth(k).click(timeout=10_000)
+            except Exception as exc:  # a click the page could not take in 10 s is an error
+                errors.append(f"session {index}: click on row {k} failed: {type(exc).__name__}")
+                continue
             while True:
                 strip = await page.locator(".token-strip .tok").evaluate_all(STRIP_JS)
                 if strip == texts[k]:
@@ -105,8 +128,8 @@ async def level(url: str, n: int, seconds: float) -> tuple[list[float], list[str
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
-            loaded = asyncio.Barrier(n)
-            await asyncio.gather(*(session(browser, url, i, seconds, latencies, errors, loaded) for i in range(n)))
+            ready = Ready(n)
+            await asyncio.gather(*(session(browser, url, i, seconds, latencies, errors, ready) for i in range(n)))
         finally:
             await browser.close()
     return latencies, errors
