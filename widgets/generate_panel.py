@@ -62,7 +62,7 @@ class GeneratePanel(pn.viewable.Viewer):
             pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
                                                 placeholder="Q: 23+48-7=", height=70, sizing_mode="stretch_width",
                                                 css_classes=["typed-prompts"]),
-            pn.Row(pn.widgets.IntInput.from_param(self.param.fresh, name="…or draw new prompts", width=100,
+            pn.Row(pn.widgets.IntInput.from_param(self.param.fresh, name="New prompts", width=100,
                                                   css_classes=["fresh-prompts"]),
                    pn.widgets.Select.from_param(self.param.difficulty, name="Difficulty", width=100),
                    sizing_mode="stretch_width"),
