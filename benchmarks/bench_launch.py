@@ -34,17 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
 from sample_data import POLICY_DIR  # noqa: E402
+from tests.ui.harness import CHROMIUM, FLAGS, free_port  # noqa: E402
 
 TARGET_S = 10.0
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -133,7 +126,7 @@ def main() -> None:
     policy = args.policy.expanduser().resolve() if args.policy else None
     pages, tables = [], []
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             for i in range(args.reps):
                 t_page, t_table = one_run(browser, policy, args.selector, args.poll, args.timeout, Path(tmp), i)

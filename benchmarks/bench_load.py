@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,17 +29,11 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
+
+from tests.ui.harness import CHROMIUM, FLAGS, free_port, server_tracebacks  # noqa: E402
+
 STRIP_JS = "els => els.map(e => e.firstChild.textContent).filter(t => t !== '<eos>').join('')"
-BENIGN = ("WebSocketClosedError", "StreamClosedError", "assert self._session is not None")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
@@ -61,8 +53,7 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def server_errors(log: Path, since: int) -> int:
-    blocks = re.split(r"(?=Traceback \(most recent call last\))", log.read_text()[since:])[1:]
-    return sum(1 for b in blocks if not any(x in b for x in BENIGN))
+    return len(server_tracebacks(log.read_text()[since:]))
 
 
 class Ready:

@@ -159,18 +159,18 @@ def rollout_count(store: Store) -> int:
     return int(store.scalar("SELECT count(*) FROM rollouts"))
 
 
+TOKEN_COLUMNS = "pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx"
+
+
 def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
     """The rollout's tokens in order with their statistics (top-k alternatives as ids)."""
-    return store.df("""
-        SELECT pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx
-        FROM tokens WHERE rollout_id = ? ORDER BY pos""", [rollout_id])
+    return store.df(f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
 
 
 def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     """Tokens of several rollouts in one query: ``{rollout_id: tokens in order}``."""
-    df = store.df("""
-        SELECT rollout_id, pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx
-        FROM tokens WHERE list_contains(?, rollout_id) ORDER BY rollout_id, pos""", [rollout_ids])
+    df = store.df(f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE list_contains(?, rollout_id) "
+                  "ORDER BY rollout_id, pos", [rollout_ids])
     return {rid: part.drop(columns="rollout_id").reset_index(drop=True) for rid, part in df.groupby("rollout_id")}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import launch
-from tests.ui.conftest import free_port
+from tests.ui.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

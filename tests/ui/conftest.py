@@ -2,29 +2,21 @@
 from __future__ import annotations
 
 import os
-import re
-from contextlib import contextmanager
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from .harness import CHROMIUM, FLAGS, free_port, server_tracebacks
+
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -50,12 +42,8 @@ class Server:
         return self.log.read_text()[since:]
 
     def tracebacks(self, since: int = 0) -> list[str]:
-        """Server tracebacks, except the two that a browser leaving causes in Tornado/Bokeh:
-        writing to a closed websocket, and Bokeh receiving a last event from a connection
-        whose session it has already detached (a page reloaded mid-click)."""
-        blocks = re.split(r"(?=Traceback \(most recent call last\))", self.output(since))[1:]
-        benign = ("WebSocketClosedError", "StreamClosedError", "assert self._session is not None")
-        return [b for b in blocks if not any(x in b for x in benign)]
+        """Server tracebacks since offset ``since`` of the log (benign ones left out)."""
+        return server_tracebacks(self.output(since))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
