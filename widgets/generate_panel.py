@@ -127,9 +127,8 @@ class GeneratePanel(pn.viewable.Viewer):
         else:
             where = f" on {result.device}" if result.device else ""
             self._status.object = banner("info", f"{result.status}: {result.rollouts} rollouts stored{where}.")
-        if result.rollouts:
-            self.state.refresh += 1
-            self.state.group_id = result.group_ids[0]
+        if result.rollouts:  # one batch: views that depend on both reload once
+            self.state.param.update(refresh=self.state.refresh + 1, group_id=result.group_ids[0])
 
     def __panel__(self):
         return self._layout

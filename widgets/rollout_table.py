@@ -2,6 +2,7 @@
 to open it in the token strip and its group in the group view."""
 from __future__ import annotations
 
+import pandas as pd
 import panel as pn
 import param
 from bokeh.models.widgets.tables import NumberFormatter
@@ -31,7 +32,7 @@ class RolloutTable(pn.viewable.Viewer):
         super().__init__(**params)
         self._run_ids: dict[str, str] = {}
         self._table = pn.widgets.Tabulator(
-            queries.rollout_table(self.state.store).reindex(columns=COLUMNS).head(0),
+            pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
             pagination="remote", page_size=18, selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
             hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run"],
@@ -57,11 +58,21 @@ class RolloutTable(pn.viewable.Viewer):
             sizing_mode="stretch_width",
         )
         self._layout = pn.Column(self._count, self._table, sizing_mode="stretch_width")
+        self._updating_choices = False
         self._refresh_choices()
-        self._reload()
 
     @param.depends("state.refresh", watch=True)
     def _refresh_choices(self) -> None:
+        """Update run choices and reward bounds from the store, then load the table once
+        (the filter changes made here do not each trigger a reload)."""
+        self._updating_choices = True
+        try:
+            self._update_choices()
+        finally:
+            self._updating_choices = False
+        self._reload()
+
+    def _update_choices(self) -> None:
         runs = queries.runs(self.state.store)
         # the id suffix keeps two runs with the same name and size apart
         self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
@@ -86,8 +97,10 @@ class RolloutTable(pn.viewable.Viewer):
             reward_min=None if lo <= blo else lo, reward_max=None if hi >= bhi else hi,
         )
 
-    @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.refresh", watch=True)
+    @param.depends("run", "prompt_contains", "correctness", "reward_range", watch=True)
     def _reload(self) -> None:
+        if self._updating_choices:
+            return
         f = self.current_filter()
         try:
             df = queries.rollout_table(self.state.store, f).reindex(columns=COLUMNS)
