@@ -10,6 +10,7 @@ source, so the same rule applied twice is one version.
 """
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
 import importlib
@@ -177,7 +178,7 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
         result.status, result.message = "failed", ("a rule worker died (killed by the system, or the rule "
                                                    "crashed the interpreter); nothing was stored")
         return result
-    stored = source + (f"\n# sources {sources}" if sources else "")
+    stored = source + (f"{SOURCES_MARK}{sources}" if sources else "")
     _write_version(store, vid, name, stored, note, rewards, steps)
     result.status, result.scored = "done", len(rows)
     result.seconds = time.perf_counter() - t0
@@ -222,6 +223,72 @@ def versions(store: Store) -> pd.DataFrame:
 
 def source_of(store: Store, vid: str) -> str | None:
     return store.scalar("SELECT source FROM rule_versions WHERE rule_version_id = ?", [vid])
+
+
+SOURCES_MARK = "\n# sources "
+
+
+def active_version(store: Store, picked: str = "") -> str | None:
+    """The version new rollouts should also be scored with: the one ``picked`` in a view,
+    else the most recently applied rule or reward-model version (None when only built-in
+    rules have scored anything: Generate and Branch score with those already)."""
+    if picked:
+        return picked
+    return store.scalar("""
+        SELECT rule_version_id FROM rule_versions
+        WHERE source NOT LIKE '# rule %' ORDER BY created_at DESC, rule_version_id LIMIT 1""")
+
+
+async def score_new_run(store: Store, run_id: str, picked: str = "") -> str:
+    """After Generate or Branch stored run ``run_id``: score it with the :func:`active_version`
+    too, so the views that show that version show the new rollouts. Returns a line for the
+    user ('' when there was nothing to do); never raises for a rule's failures."""
+    vid = active_version(store, picked)
+    if not vid:
+        return ""
+    try:
+        res = await extend_version(store, vid, queries.RolloutFilter(run_id=run_id))
+    except (RuleSourceError, FileNotFoundError, OSError, ValueError) as exc:
+        return f"not scored with {vid}: {exc}"
+    if res.status == "done":
+        return f"also scored with {vid}" + (f" ({res.failed} failed)" if res.failed else "")
+    return "" if res.status == "unchanged" else f"not scored with {vid}: {res.message}"
+
+
+async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, limits: Limits = Limits(),
+                         cancel: threading.Event | None = None) -> ApplyResult:
+    """Score the rollouts of ``scope`` that version ``vid`` has not scored yet, with the
+    very rule (or reward model) that made it, so new rollouts join the version a view shows.
+
+    A built-in rule's version is rebuilt from :data:`studio.rewards.DEFAULT_RULES` when it is
+    the current one (older built-in versions cannot be re-run: status ``failed``, says so).
+    """
+    row = store.df("SELECT name, source FROM rule_versions WHERE rule_version_id = ?", [vid])
+    if row.empty:
+        return ApplyResult(vid, "failed", message=f"no rule version {vid!r} in this store")
+    name, source = row["name"][0], row["source"][0]
+    if source.startswith("# reward model "):
+        folder = source.splitlines()[0].removeprefix("# reward model ").strip()
+        res = await score_with_reward_model(store, folder, scope=scope)
+    elif source.startswith("# rule "):
+        from .rewards import DEFAULT_RULES
+
+        if not any(r.version_id == vid for r in DEFAULT_RULES.values()):
+            return ApplyResult(vid, "failed", message=f"{vid} is an older built-in rule; apply it as a rule to extend it")
+        return ApplyResult(vid, "unchanged", message="built-in rules score every new rollout already")
+    else:
+        sources = {}
+        head, _, tail = source.rpartition(SOURCES_MARK)
+        if head:
+            try:
+                sources, source = ast.literal_eval(tail.strip()), head
+            except (ValueError, SyntaxError):  # the rule's own comment, not the stored mark
+                sources = {}
+        res = await apply_rule(store, source, name, scope=scope, limits=limits, cancel=cancel, sources=sources)
+    if res.rule_version_id != vid:  # the folder's weights changed since: say so rather than mix versions
+        res.status, res.message = "failed", (f"{vid} cannot be extended: the reward model's weights changed, so "
+                                             f"the new scores are version {res.rule_version_id}")
+    return res
 
 
 @dataclass

@@ -277,3 +277,59 @@ def test_reward_model_scores_become_a_version_a_rule_can_read(seeded_store, tmp_
     np.testing.assert_allclose(d.rows["reward_b"], 10 * d.rows["reward_a"], rtol=1e-9)
     dis = rules.disagreement(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id, 1.0, 0.5)
     assert int(dis.matrix.to_numpy().sum()) == 512
+
+
+def test_math_verify_answers_match_the_task_check_in_the_sandbox(seeded_store):
+    """math-verify's equivalence (rewardlib.math_match) runs inside the sandbox's workers and
+    agrees with the sample task's exact integer check on every stored rollout."""
+    src = ("from studio.rewardlib import math_match\n\n"
+           "def reward(prompt, completion, gold, steps, **ctx):\n"
+           "    return math_match(ctx['parsed'].answer, gold['answer'])\n")
+    exact = ("from studio.rewardlib import answer_correct\n\n"
+             "def reward(prompt, completion, gold, steps, **ctx):\n"
+             "    return answer_correct(ctx['parsed'], gold, ctx['task'])\n")
+    mv, ex = rules.apply_rule_sync(seeded_store, src, "mv"), rules.apply_rule_sync(seeded_store, exact, "exact")
+    assert mv.status == ex.status == "done" and mv.failed == ex.failed == 0
+    d = rules.diff(seeded_store, ex.rule_version_id, mv.rule_version_id)
+    assert len(d.rows) == 512 and d.changed.empty
+    assert 0 < d.rows["reward_a"].sum() < 512  # both outcomes occur, so agreement means something
+
+
+def test_new_rollouts_join_the_version_the_views_show(seeded_store):
+    """After Generate, the new run is scored with the picked version, or else the most recently
+    applied one: a user rule (with a ctx source) is re-run on exactly the new rollouts."""
+    from sample_data import POLICY_DIR
+    from studio.generation import GenerateConfig, generate_sync
+
+    base = ARITHMETIC_V1.version_id
+    src = "def reward(prompt, completion, gold, steps, **ctx):\n    return 2.0 * ctx['prev'] + len(completion)\n"
+    applied = rules.apply_rule_sync(seeded_store, src, "double", sources={"prev": base})
+    assert rules.active_version(seeded_store) == applied.rule_version_id
+    assert rules.active_version(seeded_store, base) == base
+    gen = generate_sync(seeded_store, POLICY_DIR, ["Q: 2+3=", "Q: 7-4="], GenerateConfig(group_size=2, seed=3))
+    assert gen.status == "done" and gen.rollouts == 4
+    msg = rules.run_sync(rules.score_new_run, seeded_store, gen.run_id)
+    assert msg == f"also scored with {applied.rule_version_id}"
+    got = seeded_store.df("""
+        SELECT ro.text, a.value AS v, b.value AS prev FROM rollouts ro
+        JOIN rewards a ON a.rollout_id = ro.rollout_id AND a.rule_version_id = ? AND a.component = 'total'
+        JOIN rewards b ON b.rollout_id = ro.rollout_id AND b.rule_version_id = ? AND b.component = 'total'
+        WHERE ro.run_id = ?""", [applied.rule_version_id, base, gen.run_id])
+    assert len(got) == 4
+    assert ((got["v"] - (2.0 * got["prev"] + got["text"].str.len())).abs() < 1e-9).all()
+    assert rules.versions(seeded_store).set_index("rule_version_id").loc[applied.rule_version_id, "rollouts"] == 516
+    # the built-in rule already scored them: nothing to say; an unknown version is named
+    assert rules.run_sync(rules.score_new_run, seeded_store, gen.run_id, base) == ""
+    assert "no rule version 'nope@1'" in rules.run_sync(rules.score_new_run, seeded_store, gen.run_id, "nope@1")
+
+
+def test_new_rollouts_join_a_reward_model_version(seeded_store):
+    from sample_data import POLICY_DIR, REWARD_MODEL_DIR
+    from studio.generation import GenerateConfig, generate_sync
+
+    rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
+    gen = generate_sync(seeded_store, POLICY_DIR, ["Q: 5+5="], GenerateConfig(group_size=3, seed=1))
+    assert rules.run_sync(rules.score_new_run, seeded_store, gen.run_id) == f"also scored with {rm.rule_version_id}"
+    vals = seeded_store.df("""SELECT value FROM rewards JOIN rollouts USING (rollout_id)
+                              WHERE run_id = ? AND rule_version_id = ?""", [gen.run_id, rm.rule_version_id])["value"]
+    assert len(vals) == 3 and vals.between(0, 1).all()

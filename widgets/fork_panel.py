@@ -18,7 +18,7 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import forks, queries, workers
+from studio import forks, queries, rules, workers
 from studio.forks import BRANCH_BOUNDS, BranchConfig, BranchError, NoPolicyError
 from studio.store import StoreError
 from studio.vocab import decode_ids, policy_label
@@ -281,8 +281,10 @@ class ForkPanel(pn.viewable.Viewer):
             self._go.disabled, self._stop.disabled = False, True
             self._cancel = None
         if res.status == "done":
-            self._status.object = banner("info", f"{res.rollouts} branch completions stored and scored "
-                                                 f"(run {res.run_id[-6:]}, on {res.device}).")
+            also = await rules.score_new_run(st.store, res.run_id, st.rule_version)
+            self._status.object = banner("info" if not also or also.startswith("also") else "warn",
+                                         f"{res.rollouts} branch completions stored and scored "
+                                         f"(run {res.run_id[-6:]}, on {res.device}{'; ' + also if also else ''}).")
             self._render_tree()  # the result first: let it reach the browser before other views reload
             self._tree_drawn_at = st.refresh + 1
             await asyncio.sleep(0.05)

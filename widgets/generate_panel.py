@@ -12,7 +12,7 @@ import panel as pn
 import param
 
 from backends import PolicyLoadError
-from studio import queries
+from studio import queries, rules
 from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate
 from studio.store import StoreError
 from studio.tasks import TaskParseError, get_task
@@ -127,6 +127,11 @@ class GeneratePanel(pn.viewable.Viewer):
         else:
             where = f" on {result.device}" if result.device else ""
             self._status.object = banner("info", f"{result.status}: {result.rollouts} rollouts stored{where}.")
+            if result.rollouts:
+                also = await rules.score_new_run(self.state.store, result.run_id, self.state.rule_version)
+                if also:
+                    self._status.object = banner("info" if also.startswith("also") else "warn",
+                                                 f"{result.status}: {result.rollouts} rollouts stored{where}; {also}.")
         if result.rollouts:  # one batch: views that depend on both reload once
             self.state.param.update(refresh=self.state.refresh + 1, group_id=result.group_ids[0])
 
