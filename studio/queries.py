@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .advantages import EQUAL_TOL, grpo_sql
+from .advantages import EQUAL_TOL, Credit, estimator_sql
 from .store import Store
 from .tasks import Prompt
 
@@ -48,34 +48,77 @@ def versions_sql(rule_version_id: str | None, scope: str = "TRUE") -> tuple[str,
 
 
 def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
-                        scope_params: list | None = None) -> tuple[str, list]:
-    """Rollouts with total reward, accuracy and GRPO advantage (see :func:`versions_sql`).
+                        scope_params: list | None = None, credit: Credit | None = None) -> tuple[str, list]:
+    """Rollouts with total reward, accuracy and advantage (see :func:`versions_sql`).
 
     ``scope`` (a condition on ``rollouts ro`` with ``scope_params``) must keep or drop
     whole groups, like ``ro.group_id = ?`` or ``ro.run_id = ?``: advantages are computed
-    over what it keeps.
+    over what it keeps (REINFORCE++ whitens over whole batches, so its scope is widened to
+    the runs the scope touches and the rows cut back to the scope afterwards).
+
+    ``credit`` picks the estimator (GRPO when None). Token-level estimators give the
+    advantage of the first token here: KL in the reward, A_0 = G_0 - mean_g G_0 with
+    G_0 = R - β·Σ_t (log π - log π_ref); GAE, A_0 = Σ_t (γλ)^t δ_t. Either is NULL for a
+    rollout whose reference log-probs or values are not all stored.
     """
-    scope_params = scope_params or []
-    versions, vparams = versions_sql(rule_version_id, scope)
-    vparams = vparams + scope_params
-    sql = f"""
-        WITH versions AS ({versions}),
-        scored AS (
+    credit = credit or Credit()
+    scope_params = list(scope_params or [])
+    key = credit.estimator
+    inner, inner_params = scope, scope_params
+    if key == "reinforce_pp":
+        inner = f"ro.run_id IN (SELECT ro.run_id FROM rollouts ro WHERE {scope})"
+    versions, vparams = versions_sql(rule_version_id, inner)
+    params = vparams + inner_params
+    ctes = [f"versions AS ({versions})"]
+    scored = f"""scored AS (
             SELECT ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text,
                    ro.n_tokens, ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id,
                    ro.fork_pos, ro.forced_token_id, ve.rule_version_id,
-                   tot.value AS reward, acc.value AS accuracy
+                   tot.value AS reward, acc.value AS accuracy{", (" + scope + ") AS _in_scope" if key == "reinforce_pp" else ""}
             FROM rollouts ro
             LEFT JOIN versions ve ON ve.rollout_id = ro.rollout_id
             LEFT JOIN rewards tot ON tot.rollout_id = ro.rollout_id
                  AND tot.rule_version_id = ve.rule_version_id AND tot.component = 'total'
             LEFT JOIN rewards acc ON acc.rollout_id = ro.rollout_id
                  AND acc.rule_version_id = ve.rule_version_id AND acc.component = 'accuracy'
-            WHERE {scope}
-        )
-        SELECT *, {grpo_sql('reward', 'group_id')} AS advantage FROM scored
-    """
-    return sql, vparams + scope_params
+            WHERE {inner})"""
+    ctes.append(scored)
+    if key == "reinforce_pp":
+        params += scope_params + inner_params
+    else:
+        params += inner_params
+    if key == "kl":
+        ctes.append(f"""kl AS (
+            SELECT t.rollout_id, sum(t.logprob - sc.logprob) AS kl_sum, count(sc.logprob) = count(*) AS complete
+            FROM tokens t LEFT JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos
+                 AND sc.policy_version = ?
+            WHERE t.rollout_id IN (SELECT rollout_id FROM scored) GROUP BY t.rollout_id)""")
+        params.append(credit.reference or "")
+        ctes.append(f"""g0 AS (
+            SELECT s.*, CASE WHEN kl.complete THEN s.reward - {float(credit.beta)!r} * kl.kl_sum END AS _g0
+            FROM scored s LEFT JOIN kl USING (rollout_id))""")
+        final = "SELECT * EXCLUDE (_g0), _g0 - avg(_g0) OVER (PARTITION BY group_id) AS advantage FROM g0"
+    elif key == "gae":
+        gl = float(credit.gamma) * float(credit.lam)
+        ctes.append(f"""v AS (
+            SELECT rollout_id, pos, value,
+                   lead(value, 1, 0.0) OVER (PARTITION BY rollout_id ORDER BY pos) AS v_next
+            FROM token_scores WHERE policy_version = ? AND rollout_id IN (SELECT rollout_id FROM scored))""")
+        params.append(credit.values or "")
+        ctes.append(f"""a0 AS (
+            SELECT rollout_id, sum(pow({gl!r}, pos) * ({float(credit.gamma)!r} * v_next - value)) AS part,
+                   max(pos) AS last, count(value) AS n
+            FROM v GROUP BY rollout_id)""")
+        final = (f"SELECT s.*, CASE WHEN a0.n = s.n_tokens THEN a0.part + pow({gl!r}, a0.last) * s.reward END "
+                 "AS advantage FROM scored s LEFT JOIN a0 USING (rollout_id)")
+    elif key == "reinforce_pp":
+        pre, expr = estimator_sql(key)
+        ctes.append(f"pre AS (SELECT *{pre} FROM scored)")
+        final = f"SELECT * EXCLUDE (_a, _in_scope) FROM (SELECT *, {expr} AS advantage FROM pre) WHERE _in_scope"
+    else:
+        _, expr = estimator_sql(key)
+        final = f"SELECT *, {expr} AS advantage FROM scored"
+    return "WITH " + ",\n".join(ctes) + "\n" + final, params
 
 
 GROUP_OF = "ro.group_id = (SELECT group_id FROM rollouts WHERE rollout_id = ?)"
@@ -90,7 +133,7 @@ DESCENDANTS = """
     SELECT rid FROM down"""
 
 
-def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter) -> tuple[str, list]:
+def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None) -> tuple[str, list]:
     scope, sparams = ["TRUE"], []
     if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
         scope.append("ro.run_id = ?"); sparams.append(f.run_id)
@@ -98,7 +141,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter) -> tuple[st
         scope.append("ro.group_id = ?"); sparams.append(f.group_id)
     if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
         scope.append(f"ro.rollout_id IN ({DESCENDANTS})"); sparams.append(f.branches_of)
-    base, params = scored_rollouts_sql(rule_version_id, " AND ".join(scope), sparams)
+    base, params = scored_rollouts_sql(rule_version_id, " AND ".join(scope), sparams, credit)
     where, wparams = [], []
     if f.prompt_contains:
         # contains(), not LIKE: a typed % or _ is a character, not a wildcard
@@ -125,13 +168,15 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter) -> tuple[st
     return sql, params + wparams + [int(f.limit)]
 
 
-def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None) -> pd.DataFrame:
-    return store.df(*rollout_table_sql(rule_version_id, f))
+def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
+                  credit: Credit | None = None) -> pd.DataFrame:
+    return store.df(*rollout_table_sql(rule_version_id, f, credit))
 
 
-def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None) -> dict | None:
+def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None,
+            credit: Credit | None = None) -> dict | None:
     """One rollout with its prompt, reward, advantage and reward components."""
-    base, params = scored_rollouts_sql(rule_version_id, GROUP_OF, [rollout_id])
+    base, params = scored_rollouts_sql(rule_version_id, GROUP_OF, [rollout_id], credit)
     rows = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.name AS run, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
@@ -187,9 +232,9 @@ def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     return {rid: part.drop(columns="rollout_id").reset_index(drop=True) for rid, part in df.groupby("rollout_id")}
 
 
-def group(store: Store, group_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
+def group(store: Store, group_id: str, rule_version_id: str | None = None, credit: Credit | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
-    base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id])
+    base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id], credit)
     df = store.df(f"""
         SELECT s.*, p.text AS prompt, p.gold, p.task, r.policy
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)

@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -64,7 +64,8 @@ TABLES: dict[str, str] = {
         pos INTEGER NOT NULL,
         policy_version VARCHAR NOT NULL,-- folder@weights-hash of the scoring policy
         logprob FLOAT,
-        entropy FLOAT
+        entropy FLOAT,
+        value FLOAT                     -- a critic's V(s_pos), the state before token pos (schema 3)
     """,
     "rule_versions": """
         rule_version_id VARCHAR PRIMARY KEY,
@@ -113,6 +114,10 @@ SEEDED = ("runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
 # version -> list of SQL statements that bring a store from version-1 to version.
 MIGRATIONS: dict[int, list[str]] = {
     2: [],  # adds token_scores; new tables are created by ddl() after the migrations run
+    3: [  # token_scores.value: per-token values of a critic (value model), for GAE
+        f"CREATE TABLE IF NOT EXISTS token_scores ({TABLES['token_scores']})",
+        "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS value FLOAT",
+    ],
 }
 
 

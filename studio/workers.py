@@ -105,6 +105,29 @@ def score_job(policy_path: str, prompts: list[str], completions: list[list[int]]
     return policy.score(prompts, completions), policy_version(str(policy.path)), policy.device
 
 
+def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], answers: list[str],
+                    batch_size: int = 32) -> tuple[list[float], str]:
+    """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.
+
+    The prefix and the answer are tokenized apart (the answer's ids follow the prefix's),
+    so the probability is of exactly the answer's tokens: exp(Σ their log-probs).
+    """
+    import math
+
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    tok = policy.tokenizer
+    ids, n_ans = [], []
+    for pre, ans in zip(prefixes, answers):
+        a = tok(ans, add_special_tokens=False)["input_ids"]
+        ids.append(tok(pre, add_special_tokens=False)["input_ids"] + a)
+        n_ans.append(len(a))
+    gens = policy.score(prompts, ids, top_k_stats=1, batch_size=batch_size)
+    probs = [math.exp(float(g.logprobs[len(g.logprobs) - n:].sum())) if n else 1.0 for g, n in zip(gens, n_ans)]
+    return probs, policy_version(str(policy.path))
+
+
 _warmed: set[str] = set()
 
 

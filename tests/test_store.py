@@ -193,7 +193,26 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "2"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "3"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.counts() == counts
+    s.close()
+
+
+def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
+    from sample_data import ROLLOUTS_DIR
+
+    path = tmp_path / "v2.duckdb"
+    s = Store.open(path, seed_dir=ROLLOUTS_DIR)
+    with s.transaction() as cur:  # what a schema-2 file looks like: token_scores without value
+        cur.execute("DROP TABLE token_scores")
+        cur.execute("CREATE TABLE token_scores (rollout_id VARCHAR NOT NULL, pos INTEGER NOT NULL, "
+                    "policy_version VARCHAR NOT NULL, logprob FLOAT, entropy FLOAT)")
+        cur.execute("INSERT INTO token_scores VALUES ('r1', 0, 'p@1', -0.5, 0.25)")
+        cur.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    s.close()
+    s = Store.open(path)
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "3"
+    assert s.df("SELECT logprob, entropy, value FROM token_scores").values.tolist()[0][:2] == [-0.5, 0.25]
+    assert s.scalar("SELECT value FROM token_scores") is None
     s.close()

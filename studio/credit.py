@@ -1,0 +1,387 @@
+"""Credit under the tokens: per-token advantages by estimator, steps, and step rewards.
+
+- :func:`token_advantages`: one rollout's advantage per token under a
+  :class:`~studio.advantages.Credit` (sequence estimators broadcast; KL in the reward and
+  GAE vary along the tokens).
+- :class:`Segmenter`: steps by delimiter, regex, newline or tag, as character spans;
+  :func:`token_spans` maps them onto tokens.
+- Step rewards from several sources (:func:`step_rewards`): a rule's ``step_reward`` or a
+  process reward model (stored in ``step_rewards``), information gain (IGPO: the change in
+  P(gold answer) step by step, teacher-forced with the policy, :func:`information_gain`),
+  and the implicit process reward β·Σ log(π/π_ref) over a step (PRIME, from stored
+  reference log-probs).
+- :func:`aggregate` and :func:`gated` turn step rewards into an outcome;
+  :func:`step_advantages` normalises them within a group (process supervision).
+- Group diagnostics: :func:`all_equal_by_step`, :func:`prompt_stats` (variance, pass rate,
+  difficulty band).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import queries
+from .advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
+from .store import Store
+
+SEGMENTERS = ("task", "delimiter", "regex", "newline", "tag")
+AGGREGATES = ("min", "mean", "sum", "last")
+IMPLICIT = "implicit"  # the step-reward source computed from reference log-probs
+BANDS = ((0.0, 0.0, "never solved"), (0.0, 0.35, "hard"), (0.35, 0.65, "medium"), (0.65, 1.0, "easy"),
+         (1.0, 1.0, "always solved"))
+
+
+# ---------------------------------------------------------------------------- per-token advantages
+
+@dataclass
+class TokenCredit:
+    values: np.ndarray | None  # one per token; None when the estimator cannot run here
+    sequence: float | None  # the rollout's sequence figure (first-token advantage for token estimators)
+    note: str | None = None  # why values are missing
+
+
+def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None
+                     ) -> TokenCredit:
+    """The rollout's advantage per token under ``credit`` (see :mod:`studio.advantages`)."""
+    credit.validate()
+    if credit.missing:
+        return TokenCredit(None, None, credit.missing)
+    grp = queries.group(store, _group_of(store, rollout_id), rule_version_id, credit)
+    if grp.empty or rollout_id not in set(grp["rollout_id"]):
+        return TokenCredit(None, None, "rollout not in this store")
+    row = grp.set_index("rollout_id").loc[rollout_id]
+    n = int(row["n_tokens"])
+    seq = None if pd.isna(row["advantage"]) else float(row["advantage"])
+    if credit.estimator == "kl":
+        toks = store.df("""
+            SELECT t.rollout_id, t.pos, t.logprob, sc.logprob AS ref FROM tokens t
+            LEFT JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos AND sc.policy_version = ?
+            WHERE list_contains(?, t.rollout_id) ORDER BY t.rollout_id, t.pos""",
+                        [credit.reference, grp["rollout_id"].tolist()])
+        parts, ids, gids = [], [], []
+        for rid, part in toks.groupby("rollout_id", sort=False):
+            r = grp.loc[grp["rollout_id"] == rid].iloc[0]
+            if part["ref"].isna().any() or pd.isna(r["reward"]):
+                continue
+            parts.append(kl_token_rewards(part["logprob"].to_numpy(), part["ref"].to_numpy(), float(r["reward"]),
+                                          credit.beta))
+            ids.append(rid)
+            gids.append(r["group_id"])
+        if rollout_id not in ids:
+            return TokenCredit(None, None, f"no reference log-probs from {credit.reference} for this rollout "
+                                           "(score it in Compare policies)")
+        adv = kl_in_reward(parts, np.array(gids))
+        return TokenCredit(adv[ids.index(rollout_id)], seq)
+    if credit.estimator == "gae":
+        v = store.df("SELECT pos, value FROM token_scores WHERE rollout_id = ? AND policy_version = ? ORDER BY pos",
+                     [rollout_id, credit.values])
+        if len(v) != n or v["value"].isna().any() or pd.isna(row["reward"]):
+            return TokenCredit(None, None, f"no values from {credit.values} for this rollout (score it with the critic)")
+        adv = gae(outcome_rewards(n, float(row["reward"])), v["value"].to_numpy(), credit.gamma, credit.lam)
+        return TokenCredit(adv, seq)
+    return TokenCredit(None if seq is None else np.full(n, seq), seq)
+
+
+def _group_of(store: Store, rollout_id: str) -> str:
+    return store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id]) or ""
+
+
+def compare_estimators(store: Store, a: Credit, b: Credit, run_id: str | None = None,
+                       rule_version_id: str | None = None) -> pd.DataFrame:
+    """Every rollout of the scope under two estimators: ``adv_a``, ``adv_b``, their
+    difference, whether the sign flips, and the rank of each within its group."""
+    f = queries.RolloutFilter(run_id=run_id, limit=10**9)
+    ta = queries.rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
+    tb = queries.rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
+    df = ta.rename(columns={"advantage": "adv_a"}).merge(tb.rename(columns={"advantage": "adv_b"}), on="rollout_id")
+    df["diff"] = df["adv_b"] - df["adv_a"]
+    df["sign_flip"] = (np.sign(df["adv_a"].round(9)) * np.sign(df["adv_b"].round(9))) < 0
+    df["rank_a"] = df.groupby("group_id")["adv_a"].rank(method="min", ascending=False)
+    df["rank_b"] = df.groupby("group_id")["adv_b"].rank(method="min", ascending=False)
+    df["rank_change"] = df["rank_a"] != df["rank_b"]
+    return df.sort_values("diff", key=lambda s: -s.abs()).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------- steps
+
+@dataclass(frozen=True)
+class Segmenter:
+    """How a completion splits into steps.
+
+    - ``task`` (default): the task's own steps, as stored with the tokens (the sample
+      task: each ``a op b = c`` before a ``;``; the final ``A:`` answer is not a step).
+    - ``delimiter``: split at every occurrence of ``pattern`` (default ``;``, the sample
+      task's); the delimiter closes its step and is not part of it.
+    - ``regex``: split at every match of the regular expression ``pattern``.
+    - ``newline``: split at line breaks.
+    - ``tag``: each ``<pattern>…</pattern>`` is a step (text outside tags is not).
+
+    Empty or blank steps are dropped; a completion with no delimiter is one step.
+    """
+
+    kind: str = "task"
+    pattern: str = ";"
+
+    def validate(self) -> None:
+        if self.kind not in SEGMENTERS:
+            raise ValueError(f"unknown segmentation {self.kind!r}; choose from {', '.join(SEGMENTERS)}")
+        if self.kind in ("delimiter", "tag") and not self.pattern:
+            raise ValueError(f"a {self.kind} segmentation needs a non-empty pattern")
+        if self.kind == "regex":
+            try:
+                if re.compile(self.pattern).match(""):
+                    raise ValueError(f"regex {self.pattern!r} matches the empty string: it would split everywhere")
+            except re.error as exc:
+                raise ValueError(f"regex {self.pattern!r} does not compile: {exc}") from None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Character spans ``[start, end)`` of the steps of ``text``.
+
+        >>> Segmenter("delimiter").spans("2+3=5;5*2=10;A:10")
+        [(0, 5), (6, 12), (13, 17)]
+        >>> Segmenter("delimiter").spans(";;2+3=5;")  # empty steps are dropped
+        [(2, 7)]
+        >>> Segmenter("tag", "step").spans("<step>a</step> x <step>bc</step>")
+        [(6, 7), (23, 25)]
+        >>> Segmenter("newline").spans("no line break")  # missing delimiter: one step
+        [(0, 13)]
+        """
+        self.validate()
+        if self.kind == "task":
+            raise ValueError("task steps come from the store: use steps_of()")
+        if self.kind == "tag":
+            tag = re.escape(self.pattern)
+            raw = [(m.start(1), m.end(1)) for m in re.finditer(f"<{tag}>(.*?)</{tag}>", text, flags=re.S)]
+        else:
+            sep = {"delimiter": re.escape(self.pattern), "regex": self.pattern, "newline": r"\r?\n"}[self.kind]
+            raw, start = [], 0
+            for m in re.finditer(sep, text):
+                raw.append((start, m.start()))
+                start = m.end()
+            raw.append((start, len(text)))
+        return [(a, b) for a, b in raw if text[a:b].strip()]
+
+
+def token_spans(token_texts: list[str], char_spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Token index ranges ``(first, last)`` (inclusive) covering each character span.
+
+    Each token belongs to the first step whose characters it overlaps, so a step split
+    mid-token (a token holding the end of one step and the start of the next) starts at the
+    next token; a step that lies wholly inside one token gets that token. Offsets come from
+    the tokens' texts, whose concatenation is the completion.
+
+    >>> token_spans(["2+", "3=5", ";5", "*2"], [(0, 5), (6, 10)])  # ";5" opens step 2
+    [(0, 1), (2, 3)]
+    >>> token_spans(["2+3", "=5;5", "*2"], [(0, 5), (6, 10)])  # "=5;5" ends step 1: step 2 starts after it
+    [(0, 1), (2, 2)]
+    >>> token_spans(["ab;cd"], [(0, 2), (3, 5)])  # both steps inside one token
+    [(0, 0), (0, 0)]
+    """
+    starts = np.cumsum([0] + [len(t) for t in token_texts])
+    owner: list[int | None] = []
+    for i in range(len(token_texts)):
+        s, e = starts[i], starts[i + 1]
+        owner.append(next((k for k, (a, b) in enumerate(char_spans) if s < b and a < e), None))
+    out = []
+    for k, (a, b) in enumerate(char_spans):
+        mine = [i for i, o in enumerate(owner) if o == k]
+        if not mine:  # wholly inside a token that an earlier step owns
+            mine = [next((i for i in range(len(token_texts)) if starts[i] < b and a < starts[i + 1]),
+                         max(len(token_texts) - 1, 0))]
+        out.append((int(mine[0]), int(mine[-1])))
+    return out
+
+
+def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter()) -> pd.DataFrame:
+    """The rollout's steps: ``step_idx``, ``start_pos``, ``end_pos`` (token range), ``text``
+    and ``char_end`` (where the step ends in the completion). Special tokens (``<eos>``)
+    count as no text."""
+    toks = store.df("SELECT token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+    texts = ["" if _special(t) else t for t in toks["token_text"]]
+    text = "".join(texts)
+    if seg.kind == "task":
+        starts = np.cumsum([0] + [len(t) for t in texts])
+        rows = []
+        for k, part in toks.reset_index().dropna(subset=["step_idx"]).groupby("step_idx"):
+            a, b = int(part["index"].min()), int(part["index"].max())
+            body = "".join(texts[a:b + 1])
+            trimmed = body.rstrip(";")  # the separator closes its step but is not part of its text
+            rows.append((int(k), a, b, trimmed, int(starts[a]) + len(trimmed)))
+        return pd.DataFrame(rows, columns=["step_idx", "start_pos", "end_pos", "text", "char_end"])
+    spans = seg.spans(text)
+    tspans = token_spans(texts, spans)
+    return pd.DataFrame({"step_idx": range(len(spans)), "start_pos": [s for s, _ in tspans],
+                         "end_pos": [e for _, e in tspans], "text": [text[a:b] for a, b in spans],
+                         "char_end": [b for _, b in spans]})
+
+
+def _special(text: str) -> bool:
+    return text.startswith("<") and text.endswith(">") and len(text) > 2
+
+
+# ---------------------------------------------------------------------------- step rewards
+
+def step_sources(store: Store) -> list[str]:
+    """Stored step-reward sources (rule versions with a step rule, PRMs, information gain)."""
+    return [r[0] for r in store.cursor().execute(
+        "SELECT DISTINCT source FROM step_rewards ORDER BY 1").fetchall()]
+
+
+def step_rewards(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+                 reference: str | None = None, beta: float = 0.05) -> pd.DataFrame:
+    """One rollout's step rewards from ``source``: ``step_idx, start_pos, end_pos, value``.
+
+    ``source`` is a stored source id or :data:`IMPLICIT`: β·Σ_{t in step}(log π - log π_ref)
+    with the reference's stored log-probs (PRIME's implicit process reward), over the
+    segmenter's steps. Empty when the source has nothing for this rollout.
+    """
+    if source == IMPLICIT:
+        steps = steps_of(store, rollout_id, seg)
+        if not reference or steps.empty:
+            return steps.assign(value=np.nan).iloc[:0]
+        t = store.df("""SELECT t.pos, t.logprob - sc.logprob AS lr FROM tokens t
+                        JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos AND sc.policy_version = ?
+                        WHERE t.rollout_id = ? ORDER BY t.pos""", [reference, rollout_id])
+        if t.empty:
+            return steps.assign(value=np.nan).iloc[:0]
+        lr = dict(zip(t["pos"], t["lr"]))
+        steps["value"] = [beta * sum(lr.get(p, 0.0) for p in range(a, b + 1))
+                          for a, b in zip(steps["start_pos"], steps["end_pos"])]
+        return steps
+    return store.df("""SELECT step_idx, start_pos, end_pos, value FROM step_rewards
+                       WHERE rollout_id = ? AND source = ? ORDER BY step_idx""", [rollout_id, source])
+
+
+def aggregate(values: np.ndarray, how: str = "min") -> float | None:
+    """Step rewards to one outcome: ``min`` (a chain is as good as its worst step, the PRM
+    convention), ``mean``, ``sum`` or ``last``. None for no steps.
+
+    >>> aggregate([1.0, 0.0, 1.0], "min"), aggregate([1.0, 0.0, 1.0], "mean"), aggregate([1, 0, 1], "last")
+    (0.0, 0.6666666666666666, 1.0)
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if how not in AGGREGATES:
+        raise ValueError(f"unknown aggregation {how!r}; choose from {', '.join(AGGREGATES)}")
+    if v.size == 0:
+        return None
+    return float({"min": v.min, "mean": v.mean, "sum": v.sum, "last": lambda: v[-1]}[how]())
+
+
+def gated(outcome: float, step_values, tau: float) -> float:
+    """Gated reward accumulation (G-RA): R = R_out + 1[R_out >= τ]·Σ_k r_k — step rewards
+    count only when the outcome reaches τ, so they cannot be farmed by a failing chain.
+
+    >>> gated(1.0, [0.2, 0.3], tau=1.0), gated(0.0, [0.2, 0.3], tau=1.0)
+    (1.5, 0.0)
+    """
+    return float(outcome) + (float(np.sum(step_values)) if outcome >= tau else 0.0)
+
+
+def step_advantages(step_values: list[np.ndarray], eps: float = 1e-4) -> list[np.ndarray]:
+    """Step-level advantages normalised within a group (DeepSeekMath process supervision):
+    every step reward of the group's completions is normalised by the mean and std of all of
+    them, r̃ = (r - mean) / (std + eps); a token's advantage is the sum of r̃ over its step
+    and the steps after it. Returns each completion's per-step advantage (that suffix sum).
+    All-equal step rewards give 0.
+
+    >>> # all four: mean 0.75, std 0.5, so r̃ = 0.5 for a 1 and -1.5 for a 0; then suffix sums
+    >>> [a.round(3).tolist() for a in step_advantages([np.array([1.0, 0.0]), np.array([1.0, 1.0])])]
+    [[-1.0, -1.5], [1.0, 0.5]]
+    """
+    allv = np.concatenate([np.asarray(v, dtype=np.float64) for v in step_values]) if step_values else np.array([])
+    if allv.size < 2 or np.ptp(allv) <= EQUAL_TOL:
+        return [np.zeros(len(v)) for v in step_values]
+    mu, sd = allv.mean(), allv.std(ddof=1)
+    return [np.cumsum(((np.asarray(v, dtype=np.float64) - mu) / (sd + eps))[::-1])[::-1] for v in step_values]
+
+
+def answer_text(task: str, gold: dict) -> str:
+    """What the policy writes to give the gold answer (the sample task: ``A:<answer>``)."""
+    return f"A:{gold['answer']}" if task == "arithmetic" else str(gold.get("answer", ""))
+
+
+async def information_gain(store: Store, policy_path: str | Path, rollout_ids: list[str],
+                           seg: Segmenter = Segmenter()) -> str:
+    """IGPO step rewards: IG_k = P(gold | prefix through step k) - P(gold | through k-1),
+    with P(gold | prefix) teacher-forced by the policy itself: the probability that the
+    policy writes the gold answer right after the prefix (and, after step k, the step's
+    delimiter). Stored in ``step_rewards`` under ``ig-<policy version>``; returns that id.
+    Rollouts it already covers are skipped.
+    """
+    from . import workers
+
+    rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt, p.gold, p.task FROM rollouts ro
+                       JOIN prompts p USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""", [rollout_ids])
+    jobs = []
+    for r in rows.itertuples(index=False):
+        steps = steps_of(store, r.rollout_id, seg)
+        gold = queries.prompt_of_row({"prompt": r.prompt, "gold": r.gold}).gold
+        sep = ";" if seg.kind == "task" and r.task == "arithmetic" else seg.pattern if seg.kind == "delimiter" else ""
+        prefixes = [""] + [r.text[:e] + sep for e in steps["char_end"]]
+        jobs.append((r.rollout_id, steps, r.prompt, prefixes, answer_text(r.task, gold)))
+    ex = workers.pool()
+    loop = asyncio.get_running_loop()
+    flat_prompts = [j[2] for j in jobs for _ in j[3]]
+    flat_prefix = [p for j in jobs for p in j[3]]
+    flat_answer = [j[4] for j in jobs for _ in j[3]]
+    probs, version = await loop.run_in_executor(None, lambda: ex.submit(
+        workers.answer_prob_job, str(policy_path), flat_prompts, flat_prefix, flat_answer).result())
+    source = f"ig-{version}"
+    done = set(store.df("SELECT DISTINCT rollout_id FROM step_rewards WHERE source = ?", [source])["rollout_id"])
+    out, i = [], 0
+    for rid, steps, _, prefixes, _ in jobs:
+        p = np.array(probs[i:i + len(prefixes)])
+        i += len(prefixes)
+        if rid in done:
+            continue
+        for k, (a, b) in enumerate(zip(steps["start_pos"], steps["end_pos"])):
+            out.append((rid, k, int(a), int(b), source, float(p[k + 1] - p[k])))
+    if out:
+        store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
+                                                                 "source", "value"])})
+    return source
+
+
+# ---------------------------------------------------------------------------- group diagnostics
+
+def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
+    """Per training step of a run: groups, the share whose rewards are all equal (no
+    learning signal), and the mean reward. Runs without steps read as one step (0)."""
+    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
+    return store.df(f"""
+        SELECT step, count(*) AS groups, avg(CASE WHEN all_equal THEN 1.0 ELSE 0.0 END) AS all_equal_share,
+               avg(mean_reward) AS mean_reward
+        FROM (SELECT coalesce(any_value(train_step), 0) AS step, group_id,
+                     coalesce(max(reward) - min(reward) <= {EQUAL_TOL!r}, true) AS all_equal, avg(reward) AS mean_reward
+              FROM ({base}) GROUP BY group_id)
+        GROUP BY step ORDER BY step""", params)
+
+
+def band(pass_rate: float) -> str:
+    """Difficulty band of a prompt by its pass rate.
+
+    >>> band(0.0), band(0.2), band(0.5), band(0.9), band(1.0)
+    ('never solved', 'hard', 'medium', 'easy', 'always solved')
+    """
+    if pass_rate <= 0.0:
+        return "never solved"
+    if pass_rate >= 1.0:
+        return "always solved"
+    return "hard" if pass_rate < 0.35 else "medium" if pass_rate < 0.65 else "easy"
+
+
+def prompt_stats(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
+    """Per prompt: completions, pass rate, reward mean and variance (sample), and its band."""
+    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
+                                               [run_id] if run_id else [])
+    df = store.df(f"""
+        SELECT p.text AS prompt, count(*) AS n, avg(CASE WHEN s.accuracy >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,
+               avg(s.reward) AS mean_reward, coalesce(var_samp(s.reward), 0) AS reward_var
+        FROM ({base}) s JOIN prompts p USING (prompt_id) GROUP BY p.text ORDER BY reward_var DESC, p.text""", params)
+    df["band"] = [band(x) for x in df["pass_rate"]]
+    return df
