@@ -65,6 +65,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.fork_panel import ForkPanel
     from widgets.generate_panel import GeneratePanel
     from widgets.hacking_view import HackingView
+    from widgets.credit_panel import CreditView, credit_controls
     from widgets.group_view import GroupView
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import RulePanel, version_picker
@@ -96,6 +97,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     compare = PolicyCompare(state=state, can_run=runs_code, shown=False)
     rule_panel = RulePanel(state=state, can_run=runs_code, shown=False)
     hacking = HackingView(state=state, shown=False)
+    credit_view = CreditView(state=state, can_run=runs_code, shown=False)
     if runs_code:
         run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
                            css_classes=["generate-card"], header_background="#eef2ff")
@@ -134,6 +136,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         info,
         section("Colour tokens by"), channel,
         section("Reward rule"), version_picker(state),
+        section("Advantages and steps"), credit_controls(state),
         section("Forks (high-entropy tokens)"), fork_controls,
         pn.layout.Divider(),
         section("Filter rollouts"), table.controls,
@@ -143,9 +146,9 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     # not dynamic: a tab whose widgets are first built when it is opened gets stylesheet
     # URLs pointed at Panel's CDN (Panel 1.9), and the studio must not touch the network
     tabs = pn.Tabs(("Group view", group), ("Entropy landscape", landscape), ("Compare policies", compare),
-                   ("Reward rules", rule_panel), ("Reward hacking", hacking),
+                   ("Reward rules", rule_panel), ("Reward hacking", hacking), ("Advantages & steps", credit_view),
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
-    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking}  # tabs that draw only once opened
+    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view}  # tabs that draw only once opened
 
     def on_tab(event) -> None:
         for i, view in lazy.items():

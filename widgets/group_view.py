@@ -11,8 +11,8 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import queries
-from studio.advantages import EQUAL_TOL
+from studio import credit, queries
+from studio.advantages import EQUAL_TOL, ESTIMATORS
 from studio.store import StoreError
 
 from .state import StudioState
@@ -78,13 +78,16 @@ class GroupView(pn.viewable.Viewer):
         if rid and rid != self.state.rollout_id:
             self.state.rollout_id = rid
 
-    @param.depends("state.group_id", "state.refresh", watch=True)
+    @param.depends("state.group_id", "state.refresh", "state.estimator", "state.kl_beta", "state.reference",
+                   "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
     def _render(self) -> None:
         """Load the group (two queries) and draw it."""
         st = self.state
         self._cached = None
+        self._token_adv: dict = {}
         try:
-            df = queries.group(st.store, st.group_id, st.rule_version or None) if st.group_id else pd.DataFrame()
+            df = queries.group(st.store, st.group_id, st.rule_version or None, st.credit()) \
+                if st.group_id else pd.DataFrame()
             toks = queries.tokens_of(st.store, df["rollout_id"].tolist()) if not df.empty else {}
         except StoreError as exc:  # e.g. a query past its time limit: say so in place
             self._header.object, self._grid.object = banner("error", str(exc)), ""
@@ -105,8 +108,13 @@ class GroupView(pn.viewable.Viewer):
                 f'<span><b>{n_ok}</b> correct</span><span>mean reward <b>{rewards.mean():.3f}</b></span>'
                 f'<span>std <b>{rewards.std(ddof=1) if len(df) > 1 else 0:.3f}</b></span></div>')
         if len(df) > 1 and rewards.max() - rewards.min() <= EQUAL_TOL:
-            head += banner("warn", f"All {len(df)} rewards are equal ({rewards.iloc[0]:.3f}): every GRPO "
+            head += banner("warn", f"All {len(df)} rewards are equal ({rewards.iloc[0]:.3f}): every group-relative "
                                    "advantage is 0 and this group gives no learning signal.")
+        cr = st.credit()
+        self._token_adv = {}
+        if ESTIMATORS[cr.estimator].level == "token":  # per-token values vary along each completion
+            for rid in df["rollout_id"]:
+                self._token_adv[rid] = credit.token_advantages(st.store, rid, cr, st.rule_version or None).values
         self._header.object = head
         self._draw()
 
@@ -128,7 +136,8 @@ class GroupView(pn.viewable.Viewer):
         st = self.state
         ok = row["accuracy"] is not None and row["accuracy"] >= 1
         comps = "".join(f'<span>{esc(c)} <b>{row[c]:.2f}</b></span>' for c in components if row[c] is not None)
-        strip = strip_html(toks, st.channel, row["advantage"], None, step_verdicts(row.to_dict()), compact=True) \
+        adv = self._token_adv.get(row["rollout_id"], row["advantage"]) if self._token_adv else row["advantage"]
+        strip = strip_html(toks, st.channel, adv, None, step_verdicts(row.to_dict()), compact=True) \
             if toks is not None else '<div class="empty">no tokens stored</div>'
         selected = " selected" if row["rollout_id"] == st.rollout_id else ""
         return (f'<div class="group-card{selected}" data-rollout="{esc(row["rollout_id"])}">'

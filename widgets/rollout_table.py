@@ -107,14 +107,17 @@ class RolloutTable(pn.viewable.Viewer):
             branches_of=self.state.branches_of.strip() or None,
         )
 
-    @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.branches_of", watch=True)
+    @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.branches_of", "state.estimator",
+                   "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
+                   watch=True)
     def _reload(self) -> None:
         if self._updating_choices:
             return
         f = self.current_filter()
         self.state.table_filter = f
         try:
-            df = queries.rollout_table(self.state.store, f, self.state.rule_version or None).reindex(columns=COLUMNS)
+            df = queries.rollout_table(self.state.store, f, self.state.rule_version or None,
+                                       self.state.credit()).reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return

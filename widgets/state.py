@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import param
 
+from studio.advantages import ESTIMATORS, Credit
+from studio.credit import AGGREGATES, SEGMENTERS, Segmenter
 from studio.forks import DEFAULT_Q, SCOPES, ForkRule
 from studio.queries import RolloutFilter
 from studio.store import Store
@@ -34,6 +36,27 @@ class StudioState(param.Parameterized):
     branches_of = param.String(default="", doc="The table shows only branches (at any depth) of this rollout.")
     table_filter = param.ClassSelector(class_=RolloutFilter, default=RolloutFilter(),
                                        doc="The table's current filter (the 'filter' fork scope reads it).")
+
+    estimator = param.Selector(default="grpo", objects=list(ESTIMATORS),
+                               doc="Advantage estimator every view shows (studio.advantages.ESTIMATORS).")
+    kl_beta = param.Number(default=0.05, bounds=(0.0, 10.0), step=0.01, doc="β of the KL penalty and implicit PRM.")
+    reference = param.String(default="", doc="Reference policy version (stored teacher-forced log-probs).")
+    gae_gamma = param.Number(default=1.0, bounds=(0.0, 1.0), step=0.01, doc="GAE discount γ.")
+    gae_lam = param.Number(default=1.0, bounds=(0.0, 1.0), step=0.01, doc="GAE λ.")
+    value_source = param.String(default="", doc="Critic whose per-token values GAE reads (stored in token_scores).")
+    segmenter = param.Selector(default="task", objects=list(SEGMENTERS), doc="How completions split into steps.")
+    step_pattern = param.String(default=";", doc="Delimiter, regex or tag name for the step segmentation.")
+    step_source = param.String(default="", doc="Step rewards shown under the tokens ('' = none).")
+    step_agg = param.Selector(default="min", objects=list(AGGREGATES), doc="Step rewards → outcome.")
+    gate_tau = param.Number(default=1.0, bounds=(-10.0, 10.0), step=0.05,
+                            doc="Gated accumulation: step rewards count only when the outcome ≥ τ.")
+
+    def credit(self) -> Credit:
+        return Credit(estimator=self.estimator, beta=float(self.kl_beta), reference=self.reference or None,
+                      gamma=float(self.gae_gamma), lam=float(self.gae_lam), values=self.value_source or None)
+
+    def segmentation(self) -> Segmenter:
+        return Segmenter(self.segmenter, self.step_pattern)
 
     def fork_rule(self) -> ForkRule:
         return ForkRule(q=float(self.fork_q), absolute=float(self.fork_abs) if self.fork_mode == "absolute" else None,

@@ -71,9 +71,9 @@ SCALES: dict[str, Scale] = {
     "entropy": Scale("entropy", "entropy (nats)", 0.0, 2.0,
                      ("#ffffff", "#ffe8cc", "#ffa94d", "#f76707", "#c2410c"),
                      "entropy of the full next-token distribution: darker = the policy was unsure"),
-    "advantage": Scale("advantage", "GRPO advantage", -2.0, 2.0,
+    "advantage": Scale("advantage", "advantage", -2.0, 2.0,
                        ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
-                       "group-normalised advantage of the rollout, on every token: red pushed down, blue pushed up"),
+                       "each token's advantage under the sidebar's estimator: red pushed down, blue pushed up"),
     "weight": Scale("weight", "effective weight", -2.0, 2.0,
                     ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
                     "advantage × loss mask × entropy mask: what an 80/20-style update trains on; "
@@ -81,6 +81,10 @@ SCALES: dict[str, Scale] = {
 }
 
 CHANNELS = list(SCALES)
+
+STEP_SCALE = Scale("step", "step reward", -1.0, 1.0,
+                   ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
+                   "bars under each step's tokens: the step reward from the chosen source")
 
 CSS = """
 :host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
@@ -98,6 +102,12 @@ CSS = """
 .tok.special { color:#868e96; font-style:italic; font-size:0.8em; }
 .tok:hover { outline:2px solid #212529; z-index:5; }
 .clickable .tok { cursor:pointer; }
+.stepbox { display:inline-flex; flex-direction:column; vertical-align:top; border-left:2px solid #adb5bd;
+           padding-left:1px; margin:0 2px 4px 1px; }
+.stepbox .sbody { white-space:pre-wrap; }
+.stepbox .sbar { display:block; height:14px; margin-top:2px; border-radius:2px; font-size:10px; line-height:14px;
+                 text-align:center; font-family:'DejaVu Sans Mono', monospace; overflow:hidden; }
+.stepbox .sbar.none { background:repeating-linear-gradient(45deg,#f1f3f5,#f1f3f5 3px,#fff 3px,#fff 6px); color:#adb5bd; }
 .tok.fork::before { content:""; position:absolute; left:50%%; top:-5px; margin-left:-4px; border:4px solid transparent;
                     border-top:5px solid #1f2937; }
 .tok.picked { outline:2px solid var(--accent); outline-offset:1px; z-index:4; }

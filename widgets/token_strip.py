@@ -6,19 +6,22 @@ branching in the fork panel."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import panel as pn
 import param
 
-from studio import forks, queries
+from studio import credit, forks, queries
+from studio.advantages import ESTIMATORS
 from studio.store import StoreError
 from studio.tasks import get_task
 from studio.vocab import decode_ids
 
 from .clickable import ClickableHTML
 from .state import StudioState
-from .style import CSS, SCALES, banner, chip, esc
+from .style import CSS, SCALES, STEP_SCALE, banner, chip, esc
 
 SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
 VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
@@ -38,40 +41,60 @@ def num(x: float, spec: str = ".3f") -> str:
     return format(round(float(x), 3) + 0.0, spec)
 
 
-def channel_values(tokens: pd.DataFrame, channel: str, advantage: float | None,
+def channel_values(tokens: pd.DataFrame, channel: str, advantage,
                    fork_threshold: float | None = None) -> list[float | None]:
     """The value each token is coloured by.
 
-    ``weight`` is the effective per-token weight of an entropy-masked (80/20-style)
-    update: advantage × loss mask × entropy mask, where every stored completion token is
-    in the loss and the entropy mask keeps tokens at or above ``fork_threshold``.
+    ``advantage`` is one number for the whole rollout (a sequence-level estimator) or one
+    per token (GAE, KL in the reward). ``weight`` is the effective per-token weight of an
+    entropy-masked (80/20-style) update: advantage × loss mask × entropy mask, where every
+    stored completion token is in the loss and the entropy mask keeps tokens at or above
+    ``fork_threshold``.
     """
+    n = len(tokens)
+    if advantage is None or (np.ndim(advantage) == 0 and pd.isna(advantage)):
+        adv = None
+    else:
+        adv = np.broadcast_to(np.asarray(advantage, dtype=np.float64), (n,))
     if channel == "advantage":
-        return [advantage] * len(tokens)
+        return [None] * n if adv is None else [float(a) for a in adv]
     if channel == "weight":
-        if advantage is None or pd.isna(advantage) or fork_threshold is None:
-            return [None] * len(tokens)
+        if adv is None or fork_threshold is None:
+            return [None] * n
         mask = forks.fork_mask(tokens["entropy"].fillna(-1.0).to_numpy(), fork_threshold)
-        return [float(advantage) if m else 0.0 for m in mask]
+        return [float(a) if m else 0.0 for a, m in zip(adv, mask)]
     return [None if pd.isna(v) else float(v) for v in tokens[channel]]
 
 
-def strip_html(tokens: pd.DataFrame, channel: str, advantage: float | None = None,
+def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                alt_texts: list[list[str]] | None = None, step_ok: dict[int, bool | None] | None = None,
                compact: bool = False, fork_threshold: float | None = None, picked: int | None = None,
-               clickable: bool = False) -> str:
+               clickable: bool = False, steps: pd.DataFrame | None = None,
+               step_values: dict[int, float] | None = None) -> str:
     """HTML of a token strip. Every token and alternative is escaped: shown, never run.
 
     With ``fork_threshold`` set, forking tokens get the ``fork`` class (a marker above
     them); ``picked`` outlines one position; ``clickable`` makes tokens report clicks.
+    ``steps`` (``step_idx, start_pos, end_pos``) boxes each step's tokens, with a bar under
+    them coloured by ``step_values[step_idx]`` (hatched when the source has no value).
     """
     scale = SCALES[channel]
     values = channel_values(tokens, channel, advantage, fork_threshold)
     is_fork = (forks.fork_mask(tokens["entropy"].fillna(-1.0).to_numpy(), fork_threshold)
                if fork_threshold is not None and len(tokens) else [False] * len(tokens))
     step_ok = step_ok or {}
+    opens, closes = {}, {}
+    if steps is not None and len(steps):
+        for k, a, b in steps[["step_idx", "start_pos", "end_pos"]].itertuples(index=False):
+            if int(a) not in opens and int(b) not in closes and int(a) <= int(b):
+                opens[int(a)], closes[int(b)] = int(k), int(k)
+    step_values = step_values or {}
     parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}">']
+    in_box = False
     for i, row in enumerate(tokens.itertuples(index=False)):
+        if row.pos in opens and not in_box:
+            parts.append(f'<span class="stepbox" data-step="{opens[row.pos]}"><span class="sbody">')
+            in_box = True
         shown, special = token_display(row.token_text)
         v = values[i]
         cls = ["tok"]
@@ -90,8 +113,20 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage: float | None = Non
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
         parts.append(f'<span class="{" ".join(cls)}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
                      f'style="{style}">{esc(shown)}{card}</span>')
+        if in_box and row.pos in closes:
+            k = closes[row.pos]
+            sv = step_values.get(k)
+            if sv is None or sv != sv:
+                bar = '<span class="sbar none" title="no step reward">–</span>'
+            else:
+                bar = (f'<span class="sbar" data-step-value="{sv:.4f}" title="step {k + 1}: {sv:+.4f}" '
+                       f'style="background:{STEP_SCALE.color(sv)};color:{STEP_SCALE.text_color(sv)}">{num(sv, "+.2f")}</span>')
+            parts.append(f"</span>{bar if step_values else ''}</span>")
+            in_box = False
         if row.token_text == "\n":
             parts.append("<br>")
+    if in_box:
+        parts.append("</span></span>")
     parts.append("</div>")
     return "".join(parts)
 
@@ -140,7 +175,8 @@ class TokenStrip(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5))
+        self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+                                    css_classes=["strip-header"])
         self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
                                     css_classes=["strip-legend"])
         self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
@@ -159,11 +195,16 @@ class TokenStrip(pn.viewable.Viewer):
         self.state.fork_pos = -1
 
     @param.depends("state.rollout_id", "state.channel", "state.refresh", "state.fork_pos", "state.fork_mode",
-                   "state.fork_q", "state.fork_abs", "state.fork_scope", "state.table_filter", watch=True)
+                   "state.fork_q", "state.fork_abs", "state.fork_scope", "state.table_filter", "state.estimator",
+                   "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
+                   "state.segmenter", "state.step_pattern", "state.step_source", "state.step_agg", "state.gate_tau",
+                   "state.rule_version", watch=True)
     def _render(self) -> None:
         try:
             self._show()
         except StoreError as exc:  # e.g. a query past its time limit: say so in place
+            self._header.object, self._strip.object = banner("error", str(exc)), ""
+        except ValueError as exc:  # a bad segmentation pattern or estimator setting: say which
             self._header.object, self._strip.object = banner("error", str(exc)), ""
 
     def threshold(self, ro: dict) -> forks.Threshold:
@@ -185,14 +226,39 @@ class TokenStrip(pn.viewable.Viewer):
             self._header.object = '<div class="empty">Select a rollout in the table to see its tokens.</div>'
             self._strip.object = ""
             return
-        ro = queries.rollout(st.store, st.rollout_id, st.rule_version or None)
+        cr = st.credit()
+        ro = queries.rollout(st.store, st.rollout_id, st.rule_version or None, cr)
         if ro is None:
             self._legend.object = SCALES[st.channel].legend_html()
             self._header.object = f'<div class="empty">Rollout {esc(st.rollout_id)} is not in this store.</div>'
             self._strip.object = ""
             return
         thr = self.threshold(ro)
-        self._legend.object = SCALES[st.channel].legend_html() + fork_key_html(thr)
+        tc = credit.token_advantages(st.store, st.rollout_id, cr, st.rule_version or None)
+        steps = credit.steps_of(st.store, st.rollout_id, st.segmentation())
+        sv, step_line = {}, ""
+        if st.step_source:
+            sr = credit.step_rewards(st.store, st.rollout_id, st.step_source, st.segmentation(),
+                                     st.reference or None, float(st.kl_beta))
+            if len(sr):
+                steps = sr[["step_idx", "start_pos", "end_pos"]]
+                sv = dict(zip(sr["step_idx"].astype(int), sr["value"]))
+                agg = credit.aggregate(sr["value"].to_numpy(), st.step_agg)
+                gated = credit.gated(float(ro["reward"]), sr["value"].to_numpy(), float(st.gate_tau)) \
+                    if ro.get("reward") is not None and not pd.isna(ro["reward"]) else None
+                step_line = (f'<span>steps <b>{len(sr)}</b> · {esc(st.step_agg)} <b>{num(agg, "+.3f")}</b>'
+                             + (f' · gated R (τ={st.gate_tau:g}) <b>{num(gated, "+.3f")}</b>' if gated is not None else "")
+                             + "</span>")
+            else:
+                step_line = f'<span class="lg-help">no step rewards from {esc(st.step_source)} for this rollout</span>'
+        est_note = "" if tc.values is not None else (
+            f'<div class="legend"><span class="lg-help">advantage: {esc(tc.note or "no reward")}</span></div>')
+        legend = SCALES[st.channel].legend_html()
+        if st.channel in ("advantage", "weight"):
+            legend += f'<div class="legend"><span class="lg-name">estimator</span><span>{esc(cr.describe())}</span></div>'
+        if sv:
+            legend += replace(STEP_SCALE, label=f"step reward · {st.step_source}").legend_html()
+        self._legend.object = legend + fork_key_html(thr) + est_note
         toks = queries.tokens(st.store, st.rollout_id)
         flat = sorted({int(i) for ids in toks["topk_ids"] for i in ids})
         names = dict(zip(flat, decode_ids(ro.get("policy"), flat)))
@@ -203,13 +269,16 @@ class TokenStrip(pn.viewable.Viewer):
         branch = ""
         if ro.get("parent_rollout_id") and not pd.isna(ro.get("fork_pos")):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
+        adv_label = "advantage" if ESTIMATORS[cr.estimator].level == "sequence" else "A₀"
+        reward = "–" if ro["reward"] is None or pd.isna(ro["reward"]) else f"{ro['reward']:.3f}"
         self._header.object = (
             f'<div class="meta-line"><span>prompt <b>{esc(ro["prompt"])}</b></span>{verdict}'
-            f'<span>reward <b>{ro["reward"]:.3f}</b></span><span>advantage {chip(ro["advantage"], SCALES["advantage"])}</span>'
-            f'{comps}<span>{len(toks)} tokens · {esc(ro["finish_reason"])} · <b>{n_forks}</b> forks</span>{branch}</div>')
-        self._strip.object = strip_html(toks, st.channel, ro["advantage"], alts, step_verdicts(ro),
+            f'<span>reward <b>{reward}</b></span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
+            f'{comps}<span>{len(toks)} tokens · {esc(ro["finish_reason"])} · <b>{n_forks}</b> forks</span>{branch}'
+            f'{step_line}</div>')
+        self._strip.object = strip_html(toks, st.channel, tc.values, alts, step_verdicts(ro),
                                         fork_threshold=thr.value, picked=st.fork_pos if st.fork_pos >= 0 else None,
-                                        clickable=True)
+                                        clickable=True, steps=steps, step_values=sv)
 
     def __panel__(self):
         return self._layout

@@ -86,7 +86,7 @@ def test_switching_the_channel_recolours_the_strip(page):
     page.wait_for_selector('.token-strip .strip[data-channel="advantage"]', timeout=10_000)
     adv = strip_colours(page)
     assert len(set(adv)) == 1  # a sequence-level advantage colours every token alike
-    assert "GRPO advantage" in text(page.locator(".strip-legend"))
+    assert "GRPO (std-normalised)" in text(page.locator(".strip-legend"))
 
 
 def test_hover_card_shows_value_and_top5_alternatives(page):

@@ -1,0 +1,241 @@
+"""Credit assignment: the sidebar's estimator and step controls, and the "Advantages &
+steps" tab (two estimators compared, step-reward sources computed, group diagnostics)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+
+from studio import credit, forks, queries
+from studio.advantages import ESTIMATORS, Credit
+from studio.store import StoreError
+
+from .clickable import ClickableHTML
+from .entropy_view import _hv, _opts
+from .lazy import LazyView
+from .rule_panel import DIFF_CSS
+from .state import StudioState
+from .style import CSS, SCALES, banner, esc
+from .token_strip import strip_html
+
+NONE = "(none)"
+
+
+def stored_sources(store) -> dict[str, list[str]]:
+    """What the credit controls can pick: reference log-probs, critics, step-reward sources."""
+    refs = forks.scored_versions(store)
+    critics = [r[0] for r in store.cursor().execute(
+        "SELECT DISTINCT policy_version FROM token_scores WHERE value IS NOT NULL ORDER BY 1").fetchall()]
+    return {"reference": [r for r in refs if r not in critics], "values": critics,
+            "steps": credit.step_sources(store) + [credit.IMPLICIT]}
+
+
+def credit_controls(state: StudioState) -> pn.Column:
+    """Sidebar widgets bound to the session's credit settings (options follow the store)."""
+    est = pn.widgets.Select(name="Advantage estimator", options={e.label: k for k, e in ESTIMATORS.items()},
+                            value=state.estimator, sizing_mode="stretch_width", css_classes=["estimator"])
+    est.link(state, value="estimator")
+    ref = pn.widgets.Select(name="Reference policy (KL, implicit PRM)", sizing_mode="stretch_width",
+                            css_classes=["reference"])
+    crit = pn.widgets.Select(name="Critic values (GAE)", sizing_mode="stretch_width", css_classes=["critic"])
+    step_src = pn.widgets.Select(name="Step rewards under the tokens", sizing_mode="stretch_width",
+                                 css_classes=["step-source"])
+
+    def sync(*_):
+        src = stored_sources(state.store)
+        ref.options = [NONE] + src["reference"]
+        crit.options = [NONE] + src["values"]
+        step_src.options = [NONE] + src["steps"]
+        ref.value = state.reference if state.reference in src["reference"] else NONE
+        crit.value = state.value_source if state.value_source in src["values"] else NONE
+        step_src.value = state.step_source if state.step_source in src["steps"] else NONE
+
+    sync()
+    state.param.watch(sync, ["refresh"])
+    ref.param.watch(lambda e: setattr(state, "reference", "" if e.new == NONE else e.new), "value")
+    crit.param.watch(lambda e: setattr(state, "value_source", "" if e.new == NONE else e.new), "value")
+    step_src.param.watch(lambda e: setattr(state, "step_source", "" if e.new == NONE else e.new), "value")
+    num = dict(sizing_mode="stretch_width")
+    return pn.Column(
+        est,
+        pn.Row(pn.widgets.FloatInput.from_param(state.param.kl_beta, name="β", width=90),
+               pn.widgets.FloatInput.from_param(state.param.gae_gamma, name="γ", width=90),
+               pn.widgets.FloatInput.from_param(state.param.gae_lam, name="λ", width=90), **num),
+        ref, crit,
+        pn.Row(pn.widgets.Select.from_param(state.param.segmenter, name="Steps by", width=130,
+                                            css_classes=["segmenter"]),
+               pn.widgets.TextInput.from_param(state.param.step_pattern, name="delimiter / regex / tag", width=150),
+               **num),
+        step_src,
+        pn.Row(pn.widgets.Select.from_param(state.param.step_agg, name="Steps → outcome", width=130,
+                                            css_classes=["step-agg"]),
+               pn.widgets.FloatInput.from_param(state.param.gate_tau, name="Gate τ (G-RA)", width=150), **num),
+        sizing_mode="stretch_width")
+
+
+class CreditView(LazyView):
+    """Two estimators on the same rollouts, step-reward sources, and group diagnostics."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    estimator_a = param.Selector(default="grpo", objects=list(ESTIMATORS), doc="First estimator (A).")
+    estimator_b = param.Selector(default="rloo", objects=list(ESTIMATORS), doc="Second estimator (B).")
+    run = param.Selector(default=None, objects=[], allow_None=True, doc="Run whose rollouts are compared.")
+    running = param.Boolean(default=False, doc="Whether a step-reward computation is in progress.")
+
+    def __init__(self, can_run: bool = True, **params):
+        super().__init__(**params)
+        self._can_run = can_run
+        self._runs: dict[str, str] = {}
+        labels = {e.label: k for k, e in ESTIMATORS.items()}
+        self._summary = pn.pane.HTML("", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+                                     css_classes=["estimator-compare"])
+        self._scatter = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=270)
+        self._movers = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+                                     css_classes=["estimator-movers"])
+        self._movers.on_click(self._on_click)
+        self._token_diff = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
+                                        css_classes=["token-diff"])
+        self._zero = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=230)
+        self._prompts = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+                                      css_classes=["prompt-stats"])
+        self._prompts.on_click(self._on_click)
+        self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["step-status"])
+        self._ig = pn.widgets.Button(name="Information gain for this run (IGPO)", button_type="primary",
+                                     disabled=not can_run, css_classes=["ig-button"], width=290)
+        self._ig.on_click(self._on_ig)
+        controls = pn.Row(
+            pn.widgets.Select.from_param(self.param.estimator_a, name="Estimator A", width=230,
+                                         options=labels, css_classes=["est-a"]),
+            pn.widgets.Select.from_param(self.param.estimator_b, name="Estimator B", width=230,
+                                         options=labels, css_classes=["est-b"]),
+            pn.widgets.Select.from_param(self.param.run, name="Rollouts of run", width=260),
+            pn.Column(pn.Spacer(height=18), self._ig), sizing_mode="stretch_width")
+        self._layout = pn.Column(
+            controls, self._status,
+            pn.Row(pn.Column(self._summary, self._scatter, styles={"flex": "1 1 34%"}),
+                   pn.Column(self._movers, self._token_diff, styles={"flex": "1 1 33%"}),
+                   pn.Column(self._zero, self._prompts, styles={"flex": "1 1 33%"}), sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+        self._refresh()
+
+    @param.depends("state.refresh", watch=True)
+    def _refresh(self) -> None:
+        runs = queries.runs(self.state.store)
+        runs = runs[runs["rollouts"] > 0]
+        self._runs = {f"{r.name} ({r.rollouts})": r.run_id for r in runs.itertuples()}
+        with param.parameterized.batch_call_watchers(self):
+            self.param.run.objects = list(self._runs)
+            if self.run not in self._runs:
+                self.run = next(iter(self._runs), None)
+        self._render()
+
+    def _credit(self, key: str) -> Credit:
+        st = self.state
+        return Credit(key, float(st.kl_beta), st.reference or None, float(st.gae_gamma), float(st.gae_lam),
+                      st.value_source or None)
+
+    @param.depends("estimator_a", "estimator_b", "run", "state.rollout_id", "state.kl_beta", "state.reference",
+                   "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
+    def _render(self) -> None:
+        if self._defer():
+            return
+        st = self.state
+        run_id = self._runs.get(self.run)
+        if not run_id:
+            self._summary.object = '<div class="empty">No rollouts yet.</div>'
+            return
+        a, b = self._credit(self.estimator_a), self._credit(self.estimator_b)
+        try:
+            df = credit.compare_estimators(st.store, a, b, run_id, st.rule_version or None)
+            zero = credit.all_equal_by_step(st.store, run_id, st.rule_version or None)
+            ps = credit.prompt_stats(st.store, run_id, st.rule_version or None)
+        except StoreError as exc:
+            self._summary.object = banner("error", str(exc))
+            return
+        notes = [f"{c.describe()}: {c.missing}" for c in (a, b) if c.missing]
+        both = df.dropna(subset=["adv_a", "adv_b"])
+        corr = both["adv_a"].corr(both["adv_b"]) if len(both) > 2 else float("nan")
+        self._summary.object = (
+            f'<div class="meta-line"><span>A <b>{esc(a.describe())}</b></span><span>B <b>{esc(b.describe())}</b></span></div>'
+            f'<div class="meta-line"><span><b>{len(both):,}</b> rollouts</span>'
+            f'<span>sign flips <b class="sign-flips">{int(both["sign_flip"].sum()):,}</b></span>'
+            f'<span>rank changes within group <b>{int(both["rank_change"].sum()):,}</b></span>'
+            f'<span>corr <b>{corr:.3f}</b></span>'
+            f'<span>mean |B − A| <b>{both["diff"].abs().mean() if len(both) else 0:.3f}</b></span></div>'
+            + "".join(banner("warn", n) for n in notes))
+        hv = _hv()
+        if len(both):
+            lim = float(max(both["adv_a"].abs().max(), both["adv_b"].abs().max(), 1e-6)) * 1.05
+            self._scatter.object = (hv.Curve([(-lim, -lim), (lim, lim)]).opts(color="#adb5bd", line_dash="dashed")
+                                    * hv.Scatter(both, "adv_a", ["adv_b", "sign_flip"]).opts(
+                **_opts(title="per rollout: B vs A", xlabel=f"A: {ESTIMATORS[a.estimator].label}",
+                        ylabel=f"B: {ESTIMATORS[b.estimator].label}", size=4, alpha=0.4, height=260,
+                        color="sign_flip", cmap={True: "#c92a2a", False: "#3b5bdb"})))
+        else:
+            self._scatter.object = None
+        top = both.head(12)
+        rows = "".join(
+            f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}"><td class="mono">{esc(r.prompt)}</td>'
+            f'<td>{r.reward:.3f}</td><td>{r.adv_a:+.3f}</td><td>{r.adv_b:+.3f}</td><td><b>{r.diff:+.3f}</b></td>'
+            f'<td>{"⇅" if r.sign_flip else ""}{"↕" if r.rank_change else ""}</td></tr>' for r in top.itertuples())
+        self._movers.object = (f'<div class="meta-line"><b>largest changes</b> (click to open; ⇅ sign flip, ↕ rank change)</div>'
+                               f'<table class="diff"><tr><th>prompt</th><th>reward</th><th>A</th><th>B</th><th>B − A</th>'
+                               f'<th></th></tr>{rows}</table>')
+        self._token_diff.object = self._token_diff_html(a, b)
+        if len(zero):
+            self._zero.object = hv.Bars(zero, "step", ["all_equal_share", "groups"]).opts(
+                **_opts(title="share of all-equal groups per training step", ylabel="all-equal share",
+                        color="#f08c00", height=220, ylim=(0, 1), tools=["hover"]))
+        bands = ps["band"].value_counts()
+        brow = " · ".join(f"{esc(k)} <b>{int(bands.get(k, 0))}</b>" for k in
+                          ("never solved", "hard", "medium", "easy", "always solved"))
+        prow = "".join(f'<tr><td class="mono">{esc(r.prompt)}</td><td>{r.n}</td><td>{r.pass_rate:.2f}</td>'
+                       f'<td>{r.reward_var:.3f}</td><td>{esc(r.band)}</td></tr>' for r in ps.head(10).itertuples())
+        self._prompts.object = (f'<div class="meta-line"><b>difficulty bands</b> (pass rate per prompt): {brow}</div>'
+                                f'<table class="diff"><tr><th>prompt (highest reward variance first)</th><th>n</th>'
+                                f'<th>pass</th><th>var</th><th>band</th></tr>{prow}</table>')
+
+    def _token_diff_html(self, a: Credit, b: Credit) -> str:
+        st = self.state
+        if not st.rollout_id:
+            return '<div class="empty">Open a rollout to see B − A per token.</div>'
+        ta = credit.token_advantages(st.store, st.rollout_id, a, st.rule_version or None)
+        tb = credit.token_advantages(st.store, st.rollout_id, b, st.rule_version or None)
+        if ta.values is None or tb.values is None:
+            return banner("warn", f"per-token view needs both: {ta.note or tb.note}")
+        toks = queries.tokens(st.store, st.rollout_id)
+        diff = np.asarray(tb.values) - np.asarray(ta.values)
+        return (f'<div class="meta-line"><b>this rollout, per token: B − A</b>'
+                f'<span>max |Δ| <b>{np.abs(diff).max():.3f}</b></span></div>'
+                + replace(SCALES["advantage"], label="B − A", help="per-token advantage under B minus under A").legend_html()
+                + strip_html(toks, "advantage", diff, compact=True))
+
+    async def _on_ig(self, event=None) -> None:
+        st = self.state
+        run_id = self._runs.get(self.run)
+        if not self._can_run or self.running or not run_id:
+            return
+        self.running, self._ig.disabled = True, True
+        try:
+            rids = st.store.df("SELECT rollout_id FROM rollouts WHERE run_id = ?", [run_id])["rollout_id"].tolist()
+            self._status.object = banner("info", f"information gain: teacher-forcing the gold answer after every "
+                                                 f"step of {len(rids):,} rollouts with {st.policy_path}…")
+            source = await credit.information_gain(st.store, st.policy_path, rids, st.segmentation())
+            self._status.object = banner("info", f"stored step rewards {source}; pick it under 'Step rewards'.")
+            st.param.update(step_source=source, refresh=st.refresh + 1)
+        except Exception as exc:  # a missing policy or a bad segmentation: say so, keep the page
+            self._status.object = banner("error", f"information gain failed: {type(exc).__name__}: {exc}")
+        finally:
+            self.running, self._ig.disabled = False, not self._can_run
+        await asyncio.sleep(0)
+
+    def _on_click(self, kind: str, value: str) -> None:
+        if kind == "open" and value:
+            self.state.open_rollout(value)
+
+    def __panel__(self):
+        return self._layout
