@@ -12,4 +12,6 @@ HERE = Path(__file__).resolve().parent
 POLICY_DIR = HERE / "policy"
 EARLY_POLICY_DIR = HERE / "policy_early"
 REWARD_MODEL_DIR = HERE / "reward_model"  # python -m sample_data.build_reward_model
+PRM_DIR = HERE / "prm"  # python -m sample_data.build_prm
+VALUE_MODEL_DIR = HERE / "value_model"  # python -m sample_data.build_value_model
 ROLLOUTS_DIR = HERE / "rollouts"
