@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .device import pick_device
+from .reward_model import prepare_for_batches
 from .types import PolicyLoadError, check_policy_folder, weights_version
 
 _KINDS = {
@@ -102,18 +103,7 @@ class ProcessModel:
                 f"{' …' if len(missing) > 4 else ''} (saved architecture: {arch}). Give a folder saved from a "
                 f"*{suffix} model.")
         self.model = model.to(self.device).eval()
-        if self.tokenizer.pad_token_id is None:
-            if self.tokenizer.eos_token_id is None:
-                raise PolicyLoadError(f"the {what}'s tokenizer in {str(self.path)!r} has neither "
-                                      "a pad token nor an end token to pad batches with")
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.tokenizer.padding_side = "right"
-        self.tokenizer.truncation_side = "left"
-        # tokenizers without a known limit report a huge model_max_length
-        limits = [x for x in (getattr(self.model.config, "max_position_embeddings", None),
-                              self.tokenizer.model_max_length) if isinstance(x, int) and 0 < x < 1_000_000]
-        self.max_length = min(limits) if limits else None
+        self.max_length = prepare_for_batches(self.model, self.tokenizer, self.path, what)
 
     @property
     def name(self) -> str:

@@ -34,6 +34,24 @@ from .device import pick_device
 from .types import PolicyLoadError, check_policy_folder, weights_version
 
 
+def prepare_for_batches(model, tokenizer, path: Path, what: str) -> int | None:
+    """Right-pad and left-truncate (the end of a completion is always seen), make sure a pad
+    token exists and the model knows it; return the longest input the model takes (None
+    when neither the model nor the tokenizer states one)."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise PolicyLoadError(f"the {what}'s tokenizer in {str(path)!r} has neither "
+                                  "a pad token nor an end token to pad batches with")
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    tokenizer.padding_side = "right"
+    tokenizer.truncation_side = "left"
+    # tokenizers without a known limit report a huge model_max_length
+    limits = [x for x in (getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length)
+              if isinstance(x, int) and 0 < x < 1_000_000]
+    return min(limits) if limits else None
+
+
 class RewardModel:
     """A loaded sequence-classification reward model and its tokenizer."""
 
@@ -66,19 +84,8 @@ class RewardModel:
                 f"{' …' if len(missing) > 4 else ''} (saved architecture: {arch}). Give a folder saved from a "
                 "*ForSequenceClassification model, not a policy.")
         self.model = model.to(self.device).eval()
-        if self.tokenizer.pad_token_id is None:
-            if self.tokenizer.eos_token_id is None:
-                raise PolicyLoadError(f"the reward model's tokenizer in {str(self.path)!r} has neither "
-                                      "a pad token nor an end token to pad batches with")
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.tokenizer.padding_side = "right"
-        self.tokenizer.truncation_side = "left"
         self.num_labels = int(self.model.config.num_labels)
-        # tokenizers without a known limit report a huge model_max_length
-        limits = [x for x in (getattr(self.model.config, "max_position_embeddings", None),
-                              self.tokenizer.model_max_length) if isinstance(x, int) and 0 < x < 1_000_000]
-        self.max_length = min(limits) if limits else None
+        self.max_length = prepare_for_batches(self.model, self.tokenizer, self.path, "reward model")
 
     @property
     def name(self) -> str:

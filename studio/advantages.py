@@ -29,6 +29,17 @@ def _by_group(rewards, groups):
     return rewards, groups, [groups == g for g in np.unique(groups)]
 
 
+def _per_group(rewards, groups, fn) -> np.ndarray:
+    """``fn(r)`` on each group's rewards; all-equal groups and groups of one get 0."""
+    rewards, groups, masks = _by_group(rewards, groups)
+    adv = np.zeros_like(rewards)
+    for idx in masks:
+        r = rewards[idx]
+        if r.size >= 2 and np.ptp(r) > EQUAL_TOL:
+            adv[idx] = fn(r)
+    return adv
+
+
 def grpo(rewards: np.ndarray, groups: np.ndarray, eps: float = GRPO_EPS) -> np.ndarray:
     """GRPO group-normalised advantage (Shao et al. 2024, DeepSeekMath).
 
@@ -40,14 +51,7 @@ def grpo(rewards: np.ndarray, groups: np.ndarray, eps: float = GRPO_EPS) -> np.n
     >>> grpo(np.array([1.0, 0.0, 1.0, 0.0]), np.array([0, 0, 0, 0])).round(3).tolist()
     [0.866, -0.866, 0.866, -0.866]
     """
-    rewards, groups, masks = _by_group(rewards, groups)
-    adv = np.zeros_like(rewards)
-    for idx in masks:
-        r = rewards[idx]
-        if r.size < 2 or np.ptp(r) <= EQUAL_TOL:
-            continue
-        adv[idx] = (r - r.mean()) / (r.std(ddof=1) + eps)
-    return adv
+    return _per_group(rewards, groups, lambda r: (r - r.mean()) / (r.std(ddof=1) + eps))
 
 
 def dr_grpo(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -59,14 +63,7 @@ def dr_grpo(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
     >>> dr_grpo(np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(4)).tolist()
     [0.75, -0.25, -0.25, -0.25]
     """
-    rewards, groups, masks = _by_group(rewards, groups)
-    adv = np.zeros_like(rewards)
-    for idx in masks:
-        r = rewards[idx]
-        if r.size < 2 or np.ptp(r) <= EQUAL_TOL:
-            continue
-        adv[idx] = r - r.mean()
-    return adv
+    return _per_group(rewards, groups, lambda r: r - r.mean())
 
 
 def rloo(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -78,14 +75,7 @@ def rloo(rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
     >>> rloo(np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(4)).round(4).tolist()
     [1.0, -0.3333, -0.3333, -0.3333]
     """
-    rewards, groups, masks = _by_group(rewards, groups)
-    adv = np.zeros_like(rewards)
-    for idx in masks:
-        r = rewards[idx]
-        if r.size < 2 or np.ptp(r) <= EQUAL_TOL:
-            continue
-        adv[idx] = r - (r.sum() - r) / (r.size - 1)
-    return adv
+    return _per_group(rewards, groups, lambda r: r - (r.sum() - r) / (r.size - 1))
 
 
 def reinforce_pp(rewards: np.ndarray, groups: np.ndarray, batches: np.ndarray | None = None,
@@ -101,7 +91,6 @@ def reinforce_pp(rewards: np.ndarray, groups: np.ndarray, batches: np.ndarray | 
     >>> reinforce_pp(np.array([1.0, 0.0, 1.0, 1.0]), np.array([0, 0, 1, 1])).round(4).tolist()
     [1.4142, -1.4142, 0.0, 0.0]
     """
-    rewards, groups, _ = _by_group(rewards, groups)
     a = dr_grpo(rewards, groups)
     batches = np.zeros(len(a), dtype=int) if batches is None else np.asarray(batches)
     out = np.zeros_like(a)
