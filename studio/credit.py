@@ -300,6 +300,30 @@ def step_advantages(step_values: list[np.ndarray], eps: float = 1e-4) -> list[np
     return [np.cumsum(((np.asarray(v, dtype=np.float64) - mu) / (sd + eps))[::-1])[::-1] for v in step_values]
 
 
+def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+                          reference: str | None = None, beta: float = 0.05) -> dict[int, float]:
+    """The per-step advantages of one rollout under :func:`step_advantages`, normalised over
+    the step rewards from ``source`` of every completion in its group (those without step
+    rewards from the source are left out). ``{step_idx: advantage}``; empty when the
+    rollout has no step rewards from the source."""
+    gid = _group_of(store, rollout_id)
+    rids = store.df("SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY rollout_id", [gid])["rollout_id"]
+    if source == IMPLICIT:
+        per = {r: step_rewards(store, r, source, seg, reference, beta) for r in rids}
+    else:
+        rows = store.df("""SELECT rollout_id, step_idx, value FROM step_rewards
+                           WHERE source = ? AND rollout_id IN (SELECT rollout_id FROM rollouts WHERE group_id = ?)
+                           ORDER BY rollout_id, step_idx""", [source, gid])
+        per = {r: g for r, g in rows.groupby("rollout_id", sort=False)}
+    per = {r: g for r, g in per.items() if len(g)}
+    if rollout_id not in per:
+        return {}
+    order = list(per)
+    adv = step_advantages([per[r]["value"].to_numpy(dtype=np.float64) for r in order])
+    mine = per[rollout_id]
+    return dict(zip(mine["step_idx"].astype(int), adv[order.index(rollout_id)].tolist()))
+
+
 def answer_text(task: str, gold: dict) -> str:
     """What the policy writes to give the gold answer (the sample task: ``A:<answer>``)."""
     return f"A:{gold['answer']}" if task == "arithmetic" else str(gold.get("answer", ""))
@@ -345,6 +369,83 @@ async def information_gain(store: Store, policy_path: str | Path, rollout_ids: l
         store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
                                                                  "source", "value"])})
     return source
+
+
+PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores version of process models
+
+
+def _model_version(folder: Path, what: str) -> str:
+    """``folder@weights-hash`` after the folder checks, worded for ``what`` (no torch here: the
+    worker loads the model and says what else is wrong with it)."""
+    from backends.types import PolicyLoadError, check_policy_folder, weights_version
+
+    try:
+        check_policy_folder(folder)
+    except PolicyLoadError as exc:
+        msg = str(exc)
+        raise PolicyLoadError(what + msg[len("policy"):] if msg.startswith("policy ") else msg) from None
+    return weights_version(folder)
+
+
+def _todo(store: Store, table: str, col: str, key: str, rollout_ids: list[str]) -> list[str]:
+    done = set(store.df(f"SELECT DISTINCT rollout_id FROM {table} WHERE {col} = ? AND list_contains(?, rollout_id)",
+                        [key, rollout_ids])["rollout_id"])
+    return [r for r in rollout_ids if r not in done]
+
+
+async def prm_steps(store: Store, prm_path: str | Path, rollout_ids: list[str], seg: Segmenter = Segmenter(),
+                    batch: int = 512) -> str:
+    """Score every step of the rollouts with a process reward model: the PRM's P(step k is
+    correct) on the prompt plus the completion through step k (``backends.process_models``),
+    in a worker. Stored in ``step_rewards`` under ``prm-<folder@weights hash>``; returns
+    that id. Rollouts it already covers are skipped."""
+    from . import workers
+
+    folder = Path(prm_path).expanduser().resolve()
+    source = PRM_PREFIX + _model_version(folder, "process reward model")
+    todo = _todo(store, "step_rewards", "source", source, rollout_ids)
+    for lo in range(0, len(todo), batch):
+        rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt FROM rollouts ro JOIN prompts p
+                           USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""", [todo[lo:lo + batch]])
+        steps = [steps_of(store, r, seg) for r in rows["rollout_id"]]
+        fut = workers.pool().submit(workers.prm_job, str(folder), rows["prompt"].tolist(), rows["text"].tolist(),
+                                    [[int(e) for e in st["char_end"]] for st in steps])
+        scores, _ = await asyncio.wrap_future(fut)
+        out = [(rid, k, int(a), int(b), source, float(v))
+               for rid, st, sc in zip(rows["rollout_id"], steps, scores)
+               for k, (a, b, v) in enumerate(zip(st["start_pos"], st["end_pos"], sc))]
+        if out:
+            store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
+                                                                     "source", "value"])})
+    return source
+
+
+async def critic_values(store: Store, value_path: str | Path, rollout_ids: list[str], batch: int = 512) -> str:
+    """Per-token values V(s_t) of a value model (critic) for the rollouts, in a worker,
+    stored in ``token_scores.value`` under ``value-<folder@weights hash>`` (what GAE's
+    "critic values" reads); returns that id. Rollouts it already covers are skipped; a
+    critic whose tokenizer does not read the stored token ids as the rollout's text is
+    refused (``workers.TokenizerMismatch``)."""
+    from . import workers
+
+    folder = Path(value_path).expanduser().resolve()
+    version = VALUE_PREFIX + _model_version(folder, "value model")
+    todo = _todo(store, "token_scores", "policy_version", version, rollout_ids)
+    for lo in range(0, len(todo), batch):
+        rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt, list(t.token_id ORDER BY t.pos) AS ids
+                           FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN tokens t USING (rollout_id)
+                           WHERE list_contains(?, ro.rollout_id) GROUP BY ALL""", [todo[lo:lo + batch]])
+        ids = [[int(i) for i in x] for x in rows["ids"]]
+        fut = workers.pool().submit(workers.value_job, str(folder), rows["prompt"].tolist(), ids,
+                                    rows["text"].tolist())
+        values, _ = await asyncio.wrap_future(fut)
+        n = [len(v) for v in values]
+        store.write({"token_scores": pd.DataFrame({
+            "rollout_id": np.repeat(rows["rollout_id"].to_numpy(), n),
+            "pos": np.concatenate([np.arange(k) for k in n]) if n else [],
+            "policy_version": version,  # logprob and entropy stay NULL: a critic has none
+            "value": np.concatenate([np.asarray(v, dtype=np.float64) for v in values]) if n else []})})
+    return version
 
 
 # ---------------------------------------------------------------------------- group diagnostics

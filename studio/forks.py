@@ -576,6 +576,7 @@ def entropy_changes(store: Store, policy_version: str, rollout_ids: list[str] | 
 
 
 def scored_versions(store: Store) -> list[str]:
-    """Policy versions that have re-scored stored rollouts."""
+    """Policy versions that have re-scored stored rollouts (critics, which store values and
+    no log-probs, are not policies)."""
     return [r[0] for r in store.cursor().execute(
-        "SELECT DISTINCT policy_version FROM token_scores ORDER BY 1").fetchall()]
+        "SELECT policy_version FROM token_scores GROUP BY 1 HAVING count(logprob) > 0 ORDER BY 1").fetchall()]

@@ -128,6 +128,38 @@ def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], a
     return probs, policy_version(str(policy.path))
 
 
+def prm_job(folder: str, prompts: list[str], completions: list[str], step_ends: list[list[int]]
+            ) -> tuple[list[list[float]], str]:
+    """Runs in a worker: a process reward model's P(step correct) for every step (see
+    ``backends.process_models.prm_step_scores``), and the PRM's version."""
+    from backends.process_models import prm_step_scores, prm_version
+
+    return prm_step_scores(folder, prompts, completions, step_ends), prm_version(folder)
+
+
+def value_job(folder: str, prompts: list[str], completion_ids: list[list[int]], completion_texts: list[str]
+              ) -> tuple[list[list[float]], str]:
+    """Runs in a worker: a value model's V(s_t) for every completion token (see
+    ``backends.process_models.value_scores``), and the value model's version.
+
+    A critic reads the policy's token ids, so its tokenizer must read every stored
+    completion's ids as the stored text; otherwise the job refuses (values of other tokens
+    would be meaningless).
+    """
+    from backends.process_models import load_value_model, value_model_version
+
+    model = load_value_model(folder)
+    tok = model.tokenizer
+    for ids, text in zip(completion_ids, completion_texts):
+        decoded = tok.decode(ids, skip_special_tokens=True)  # a rollout's text leaves out <eos>
+        if decoded != text:
+            raise TokenizerMismatch(
+                f"the value model in {folder} reads a rollout's token ids as {decoded[:60]!r}, but the rollout "
+                f"says {text[:60]!r}: a critic must share the policy's tokenizer")
+    prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    return model.values(prompt_ids, completion_ids), value_model_version(folder)
+
+
 _warmed: set[str] = set()
 
 

@@ -163,6 +163,24 @@ def test_aggregation_gating_step_advantages_and_group_diagnostics(seeded_store):
     assert (ps.loc[ps["pass_rate"] == 1.0, "band"] == "always solved").all()
 
 
+def test_step_advantages_are_normalised_over_the_rollout_s_group(seeded_store):
+    gid, other = seeded_store.df("SELECT DISTINCT group_id FROM rollouts ORDER BY 1 LIMIT 2")["group_id"]
+    a, b = seeded_store.df("SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY 1 LIMIT 2", [gid])["rollout_id"]
+    far = seeded_store.scalar("SELECT rollout_id FROM rollouts WHERE group_id = ? LIMIT 1", [other])
+    # a: steps (1, 0), b: steps (1, 1); a step reward in another group must not move the mean
+    rows = [(a, 0, 1.0), (a, 1, 0.0), (b, 0, 1.0), (b, 1, 1.0), (far, 0, -50.0)]
+    seeded_store.write({"step_rewards": pd.DataFrame(
+        [(r, k, k, k, "lit", v) for r, k, v in rows],
+        columns=["rollout_id", "step_idx", "start_pos", "end_pos", "source", "value"])})
+    # four values, mean 0.75, sample std 0.5: r~ = +0.5 for a 1 and -1.5 for a 0; suffix sums per rollout
+    assert credit.group_step_advantages(seeded_store, a, "lit") == pytest.approx({0: -1.0, 1: -1.5}, abs=1e-3)
+    assert credit.group_step_advantages(seeded_store, b, "lit") == pytest.approx({0: 1.0, 1: 0.5}, abs=1e-3)
+    assert credit.group_step_advantages(seeded_store, far, "lit") == {0: 0.0}  # alone in its group: nothing to compare
+    c = seeded_store.scalar("SELECT rollout_id FROM rollouts WHERE group_id = ? AND rollout_id NOT IN (?, ?) LIMIT 1",
+                            [gid, a, b])
+    assert credit.group_step_advantages(seeded_store, c, "lit") == {}  # no step rewards of its own
+
+
 def test_estimators_compared_flag_sign_flips(seeded_store):
     df = credit.compare_estimators(seeded_store, Credit("grpo"), Credit("rloo"))
     assert len(df) == 512 and not df["sign_flip"].any()  # RLOO rescales GRPO's sign-preserving centring

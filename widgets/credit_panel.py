@@ -10,6 +10,7 @@ import pandas as pd
 import panel as pn
 import param
 
+from sample_data import PRM_DIR, VALUE_MODEL_DIR
 from studio import credit, forks, queries
 from studio.advantages import ESTIMATORS, Credit
 from studio.store import StoreError
@@ -104,18 +105,35 @@ class CreditView(LazyView):
                                       css_classes=["prompt-stats"])
         self._prompts.on_click(self._on_click)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["step-status"])
-        self._ig = pn.widgets.Button(name="Information gain for this run (IGPO)", button_type="primary",
-                                     disabled=not can_run, css_classes=["ig-button"], width=290)
-        self._ig.on_click(self._on_ig)
+        self._ig = pn.widgets.Button(name="Information gain (IGPO)", button_type="primary",
+                                     disabled=not can_run, css_classes=["ig-button"], width=190)
+        self._prm_folder = pn.widgets.TextInput(name="Process reward model folder", value=str(PRM_DIR), width=210,
+                                                disabled=not can_run, css_classes=["prm-folder"])
+        self._prm = pn.widgets.Button(name="Score steps with the PRM", button_type="primary", width=190,
+                                      disabled=not can_run, css_classes=["prm-button"])
+        self._value_folder = pn.widgets.TextInput(name="Value model (critic) folder", value=str(VALUE_MODEL_DIR),
+                                                  width=210, disabled=not can_run, css_classes=["value-folder"])
+        self._value = pn.widgets.Button(name="Critic values for GAE", button_type="primary", width=190,
+                                        disabled=not can_run, css_classes=["value-button"])
+        self._buttons = (self._ig, self._prm, self._value)
+        if can_run:  # browse-only sessions get no callback that could start a model
+            self._ig.on_click(self._on_ig)
+            self._prm.on_click(self._on_prm)
+            self._value.on_click(self._on_value)
         controls = pn.Row(
             pn.widgets.Select.from_param(self.param.estimator_a, name="Estimator A", width=230,
                                          options=labels, css_classes=["est-a"]),
             pn.widgets.Select.from_param(self.param.estimator_b, name="Estimator B", width=230,
                                          options=labels, css_classes=["est-b"]),
             pn.widgets.Select.from_param(self.param.run, name="Rollouts of run", width=260),
-            pn.Column(pn.Spacer(height=18), self._ig), sizing_mode="stretch_width")
+            sizing_mode="stretch_width")
+        def below(button):  # a button aligned with the inputs beside it
+            return pn.Column(pn.Spacer(height=18), button, margin=0)
+        compute = pn.FlexBox(
+            below(self._ig), self._prm_folder, below(self._prm), self._value_folder, below(self._value),
+            flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width", css_classes=["compute-row"])
         self._layout = pn.Column(
-            controls, self._status,
+            controls, compute, self._status,
             pn.Row(pn.Column(self._summary, self._scatter, styles={"flex": "1 1 34%"}),
                    pn.Column(self._movers, self._token_diff, styles={"flex": "1 1 33%"}),
                    pn.Column(self._zero, self._prompts, styles={"flex": "1 1 33%"}), sizing_mode="stretch_width"),
@@ -214,24 +232,58 @@ class CreditView(LazyView):
                 + replace(SCALES["advantage"], label="B − A", help="per-token advantage under B minus under A").legend_html()
                 + strip_html(toks, "advantage", diff, compact=True))
 
-    async def _on_ig(self, event=None) -> None:
-        st = self.state
+    async def _compute(self, what: str, start: str, job, done) -> None:
+        """Run ``job(rollout_ids)`` (a credit coroutine) for the picked run with every compute
+        button disabled, saying ``start`` while it runs and ``done(result)`` after."""
         run_id = self._runs.get(self.run)
         if not self._can_run or self.running or not run_id:
             return
-        self.running, self._ig.disabled = True, True
+        self.running = True
+        for b in self._buttons:
+            b.disabled = True
         try:
-            rids = st.store.df("SELECT rollout_id FROM rollouts WHERE run_id = ?", [run_id])["rollout_id"].tolist()
-            self._status.object = banner("info", f"information gain: teacher-forcing the gold answer after every "
-                                                 f"step of {len(rids):,} rollouts with {st.policy_path}…")
-            source = await credit.information_gain(st.store, st.policy_path, rids, st.segmentation())
-            self._status.object = banner("info", f"stored step rewards {source}; pick it under 'Step rewards'.")
-            st.param.update(step_source=source, refresh=st.refresh + 1)
-        except Exception as exc:  # a missing policy or a bad segmentation: say so, keep the page
-            self._status.object = banner("error", f"information gain failed: {type(exc).__name__}: {exc}")
+            rids = self.state.store.df("SELECT rollout_id FROM rollouts WHERE run_id = ?",
+                                       [run_id])["rollout_id"].tolist()
+            self._status.object = banner("info", start.format(n=f"{len(rids):,}"))
+            result = await job(rids)
+            self._status.object = banner("info", done(result))
+        except Exception as exc:  # a missing folder, the wrong model, another vocabulary: say so, keep the page
+            self._status.object = banner("error", f"{what} failed: {type(exc).__name__}: {exc}")
         finally:
-            self.running, self._ig.disabled = False, not self._can_run
+            self.running = False
+            for b in self._buttons:
+                b.disabled = not self._can_run
         await asyncio.sleep(0)
+
+    async def _on_ig(self, event=None) -> None:
+        st = self.state
+
+        def done(source: str) -> str:
+            st.param.update(step_source=source, refresh=st.refresh + 1)
+            return f"stored step rewards {source}; they now show under the tokens (sidebar: 'Step rewards')."
+        await self._compute("information gain", f"information gain: teacher-forcing the gold answer after every "
+                                                f"step of {{n}} rollouts with {st.policy_path}…",
+                            lambda rids: credit.information_gain(st.store, st.policy_path, rids, st.segmentation()),
+                            done)
+
+    async def _on_prm(self, event=None) -> None:
+        st, folder = self.state, self._prm_folder.value.strip()
+
+        def done(source: str) -> str:
+            st.param.update(step_source=source, refresh=st.refresh + 1)
+            return f"stored step rewards {source}; they now show under the tokens (sidebar: 'Step rewards')."
+        await self._compute("process reward model", f"scoring every step of {{n}} rollouts with the PRM in {folder}…",
+                            lambda rids: credit.prm_steps(st.store, folder, rids, st.segmentation()), done)
+
+    async def _on_value(self, event=None) -> None:
+        st, folder = self.state, self._value_folder.value.strip()
+
+        def done(version: str) -> str:
+            st.param.update(value_source=version, refresh=st.refresh + 1)
+            return (f"stored per-token values {version}; picked as the critic for GAE (sidebar: 'Advantage "
+                    f"estimator' → GAE).")
+        await self._compute("critic values", f"valuing every token of {{n}} rollouts with the critic in {folder}…",
+                            lambda rids: credit.critic_values(st.store, folder, rids), done)
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:

@@ -47,15 +47,18 @@ class Scale:
         r, g, b = _rgb(self.color(v))
         return "#ffffff" if 0.299 * r + 0.587 * g + 0.114 * b < 140 else "#1b1e23"
 
-    def legend_html(self) -> str:
+    def legend_html(self, compact: bool = False) -> str:
+        """The scale's legend line; ``compact`` keeps the explanation in the hover title only
+        (for secondary scales stacked under a main one)."""
         grad = ", ".join(self.stops)
         mid = (self.lo + self.hi) / 2
+        help_text = f"{self.help} · clipped at the ends · mid {self.fmt.format(mid)}"
         return (
-            f'<div class="legend" title="{esc(self.help)}"><span class="lg-name">{esc(self.label)}</span>'
+            f'<div class="legend" title="{esc(help_text)}"><span class="lg-name">{esc(self.label)}</span>'
             f'<span class="lg-lo">{esc(self.fmt.format(self.lo))}</span>'
             f'<span class="lg-bar" style="background:linear-gradient(90deg,{grad})"></span>'
             f'<span class="lg-hi">{esc(self.fmt.format(self.hi))}</span>'
-            f'<span class="lg-help">{esc(self.help)} · clipped at the ends · mid {esc(self.fmt.format(mid))}</span></div>'
+            + ('<span class="lg-info">ⓘ</span></div>' if compact else f'<span class="lg-help">{esc(help_text)}</span></div>')
         )
 
 
@@ -90,6 +93,7 @@ CSS = """
 :host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
 .legend { display:flex; align-items:center; gap:6px; font-size:12px; color:#495057; flex-wrap:wrap; }
 .lg-name { font-weight:600; color:#212529; }
+.lg-info { color:#868e96; cursor:help; font-size:11px; }
 .lg-bar { width:140px; height:10px; border-radius:3px; border:1px solid #dee2e6; display:inline-block; }
 .lg-help { flex-basis:100%%; color:#868e96; font-size:11px; }
 .strip { font-family: 'JetBrains Mono', 'DejaVu Sans Mono', Menlo, monospace; font-size:15px; line-height:2.1;

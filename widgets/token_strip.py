@@ -70,13 +70,15 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                alt_texts: list[list[str]] | None = None, step_ok: dict[int, bool | None] | None = None,
                compact: bool = False, fork_threshold: float | None = None, picked: int | None = None,
                clickable: bool = False, steps: pd.DataFrame | None = None,
-               step_values: dict[int, float] | None = None) -> str:
+               step_values: dict[int, float] | None = None,
+               step_advantages: dict[int, float] | None = None) -> str:
     """HTML of a token strip. Every token and alternative is escaped: shown, never run.
 
     With ``fork_threshold`` set, forking tokens get the ``fork`` class (a marker above
     them); ``picked`` outlines one position; ``clickable`` makes tokens report clicks.
     ``steps`` (``step_idx, start_pos, end_pos``) boxes each step's tokens, with a bar under
-    them coloured by ``step_values[step_idx]`` (hatched when the source has no value).
+    them coloured by ``step_values[step_idx]`` (hatched when the source has no value), and,
+    with ``step_advantages``, a second bar with the step's group-normalised advantage.
     """
     scale = SCALES[channel]
     values = channel_values(tokens, channel, advantage, fork_threshold)
@@ -121,7 +123,14 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             else:
                 bar = (f'<span class="sbar" data-step-value="{sv:.4f}" title="step {k + 1}: {sv:+.4f}" '
                        f'style="background:{STEP_SCALE.color(sv)};color:{STEP_SCALE.text_color(sv)}">{num(sv, "+.2f")}</span>')
-            parts.append(f"</span>{bar if step_values else ''}</span>")
+            abar = ""
+            if step_advantages:
+                sa = step_advantages.get(k)
+                abar = ('<span class="sbar abar none" title="no step advantage">–</span>' if sa is None else
+                        f'<span class="sbar abar" data-step-adv="{sa:.4f}" title="step {k + 1} advantage: {sa:+.4f}" '
+                        f'style="background:{SCALES["advantage"].color(sa)};color:{SCALES["advantage"].text_color(sa)}">'
+                        f'{num(sa, "+.2f")}</span>')
+            parts.append(f"</span>{bar if step_values else ''}{abar}</span>")
             in_box = False
         if row.token_text == "\n":
             parts.append("<br>")
@@ -236,13 +245,15 @@ class TokenStrip(pn.viewable.Viewer):
         thr = self.threshold(ro)
         tc = credit.token_advantages(st.store, st.rollout_id, cr, st.rule_version or None)
         steps = credit.steps_of(st.store, st.rollout_id, st.segmentation())
-        sv, step_line = {}, ""
+        sv, sa, step_line = {}, {}, ""
         if st.step_source:
             sr = credit.step_rewards(st.store, st.rollout_id, st.step_source, st.segmentation(),
                                      st.reference or None, float(st.kl_beta))
             if len(sr):
                 steps = sr[["step_idx", "start_pos", "end_pos"]]
                 sv = dict(zip(sr["step_idx"].astype(int), sr["value"]))
+                sa = credit.group_step_advantages(st.store, st.rollout_id, st.step_source, st.segmentation(),
+                                                  st.reference or None, float(st.kl_beta))
                 agg = credit.aggregate(sr["value"].to_numpy(), st.step_agg)
                 gated = credit.gated(float(ro["reward"]), sr["value"].to_numpy(), float(st.gate_tau)) \
                     if ro.get("reward") is not None and not pd.isna(ro["reward"]) else None
@@ -257,7 +268,10 @@ class TokenStrip(pn.viewable.Viewer):
         if st.channel in ("advantage", "weight"):
             legend += f'<div class="legend"><span class="lg-name">estimator</span><span>{esc(cr.describe())}</span></div>'
         if sv:
-            legend += replace(STEP_SCALE, label=f"step reward · {st.step_source}").legend_html()
+            legend += replace(STEP_SCALE, label=f"step reward · {st.step_source}").legend_html(compact=True)
+            legend += replace(SCALES["advantage"], label="step advantage",
+                              help="second bar: (r − group mean) / group std over all step rewards of the group, "
+                                   "summed over this and later steps (process supervision)").legend_html(compact=True)
         self._legend.object = legend + fork_key_html(thr) + est_note
         toks = queries.tokens(st.store, st.rollout_id)
         flat = sorted({int(i) for ids in toks["topk_ids"] for i in ids})
@@ -278,7 +292,7 @@ class TokenStrip(pn.viewable.Viewer):
             f'{step_line}</div>')
         self._strip.object = strip_html(toks, st.channel, tc.values, alts, step_verdicts(ro),
                                         fork_threshold=thr.value, picked=st.fork_pos if st.fork_pos >= 0 else None,
-                                        clickable=True, steps=steps, step_values=sv)
+                                        clickable=True, steps=steps, step_values=sv, step_advantages=sa)
 
     def __panel__(self):
         return self._layout

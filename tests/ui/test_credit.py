@@ -67,5 +67,24 @@ def test_switching_the_estimator_changes_the_strip_and_step_bars_appear(page):
     assert "min" in text(page.locator(".strip-header"))
     page.locator(".step-agg select").select_option("sum")
     wait_text(page, page.locator(".strip-header"), "sum")
+    # a process reward model scores the same steps: P(step correct), so every bar is in (0, 1)
+    page.locator(".prm-button button").click()
+    wait_text(page, page.locator(".step-status"), "stored step rewards prm-", timeout_s=180)
+    wait_text(page, page.locator(".strip-legend"), "step reward · prm-")
+    prm = page.locator(".token-strip .sbar[data-step-value]").evaluate_all("els => els.map(e => +e.dataset.stepValue)")
+    assert len(prm) == len(bars) and prm != bars and all(0.0 < b < 1.0 for b in prm)
+    # under them, each step's advantage within its group (process supervision): a later step's
+    # advantage is the earlier one's minus that step's normalised reward, so they differ
+    advs = page.locator(".token-strip .abar[data-step-adv]").evaluate_all("els => els.map(e => +e.dataset.stepAdv)")
+    assert len(advs) == len(prm) and len(set(advs)) == len(advs)
+    assert "step advantage" in text(page.locator(".strip-legend"))
+    # a critic's values make GAE vary along the tokens: A_t = R - V(s_t) with γ = λ = 1
+    page.locator(".value-button button").click()
+    wait_text(page, page.locator(".step-status"), "stored per-token values value-", timeout_s=180)
+    before = channel_values(page)
+    pick(page, ".estimator", "PPO GAE (critic values)")
+    wait_text(page, page.locator(".strip-legend"), "GAE")
+    gae = wait_values(page, before)
+    assert len(set(gae)) > 1 and len(gae) == len(before)
     if os.environ.get("STUDIO_SHOTS"):
         page.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"], "credit.png"), full_page=True)
