@@ -16,10 +16,13 @@ with one ``'total'`` reward under one rule version. Everything is inserted with
 * 10 % reward-model scores (continuous, N(group mean, 1)).
 
 DuckDB (the figure)
-    One query: ``rollouts JOIN rewards`` (``component = 'total'``, the rule version), then
-    ``grpo_sql('reward', 'group_id')`` and ``rloo_sql('reward', 'group_id')`` over all rows
-    (both share one ``OVER (PARTITION BY group_id)``), fetched as an Arrow table
-    (``to_arrow_table()``: rollout_id, group_id, reward, grpo, rloo held in this process).
+    One query, the studio's own (``studio.queries.scored_rollouts_sql`` for GRPO, Dr. GRPO
+    and RLOO): ``rollouts JOIN rewards`` (``component = 'total'``, the rule version), the
+    per-group statistics ``group_stats_sql()`` from one ``GROUP BY group_id`` joined back,
+    and ``from_stats_sql('grpo')`` and ``from_stats_sql('rloo')`` per row, fetched as an
+    Arrow table (``to_arrow_table()``: rollout_id, group_id, reward, grpo, rloo held in this
+    process). The window twins (``grpo_sql``/``rloo_sql``, ``OVER (PARTITION BY
+    group_id)``) are timed too, for people, and checked equal.
 
 Baseline, ``pandas_groupby_s``
     The same join query fetched with ``Store.df`` (``.df()``) into a DataFrame, then one
@@ -59,7 +62,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from studio.advantages import EQUAL_TOL, GRPO_EPS, grpo, grpo_sql, rloo, rloo_sql
+from studio.advantages import (EQUAL_TOL, GRPO_EPS, from_stats_sql, group_stats_sql, grpo, grpo_sql, rloo,
+                               rloo_sql)
 
 GROUP = 8
 TARGET_S = 1.0
@@ -74,24 +78,23 @@ JOINED = """
     JOIN rewards rw ON rw.rollout_id = ro.rollout_id
     WHERE rw.rule_version_id = ? AND rw.component = 'total'
 """
+# the figure: what studio.queries.scored_rollouts_sql runs for GRPO, Dr. GRPO and RLOO
 DUCK = f"""
+    WITH scored AS ({JOINED}),
+    gs AS (SELECT group_id, {group_stats_sql()} FROM scored GROUP BY group_id)
+    SELECT s.rollout_id, s.group_id, s.reward,
+           {from_stats_sql('grpo', 's.reward')} AS grpo,
+           {from_stats_sql('rloo', 's.reward')} AS rloo
+    FROM scored s JOIN gs USING (group_id)
+"""
+
+# not the figure: the window twins (the readable definition), one OVER (PARTITION BY group_id)
+WINDOWS = f"""
     WITH scored AS ({JOINED})
     SELECT rollout_id, group_id, reward,
            {grpo_sql('reward', 'group_id')} AS grpo,
            {rloo_sql('reward', 'group_id')} AS rloo
     FROM scored
-"""
-
-# not the figure: the same numbers from a GROUP BY aggregate joined back to the rows
-GROUPED = f"""
-    WITH scored AS ({JOINED}),
-    agg AS (SELECT group_id, avg(reward) AS m, stddev_samp(reward) AS sd, sum(reward) AS su,
-                   count(reward) AS c, max(reward) - min(reward) AS spread
-            FROM scored GROUP BY group_id)
-    SELECT rollout_id, group_id, reward,
-           CASE WHEN spread <= {EQUAL_TOL!r} THEN 0.0 ELSE coalesce((reward - m) / (sd + {GRPO_EPS!r}), 0.0) END AS grpo,
-           CASE WHEN spread <= {EQUAL_TOL!r} THEN 0.0 ELSE coalesce(reward - (su - reward) / nullif(c - 1, 0), 0.0) END AS rloo
-    FROM scored JOIN agg USING (group_id)
 """
 
 
@@ -330,8 +333,8 @@ def main() -> None:
             p_only, p_only_xs = median_of(lambda f: pandas_transform(f.copy()), parts, frame)
             d_temp, d_temp_xs = median_of(duck_temp, parts, store)
             d_df, d_df_xs = median_of(duck_df, parts, store)
-            g_by, g_by_xs = median_of(duck_arrow, parts, store, GROUPED)
-            gb = duck_arrow(store, GROUPED).to_pandas().sort_values("rollout_id", ignore_index=True)
+            g_by, g_by_xs = median_of(duck_arrow, parts, store, WINDOWS)
+            gb = duck_arrow(store, WINDOWS).to_pandas().sort_values("rollout_id", ignore_index=True)
             ref = duck_arrow(store).to_pandas().sort_values("rollout_id", ignore_index=True)
             g_by_diff = max(float(np.max(np.abs(gb[k].to_numpy(float) - ref[k].to_numpy(float)))) for k in ("grpo", "rloo"))
             del gb, ref
@@ -361,13 +364,13 @@ def main() -> None:
     print(f"  the join alone, fetched as Arrow:                  {j_arrow:.3f} s  ({_fmt(j_arrow_xs)})")
     print(f"  the join alone, fetched with .df():                {j_df:.3f} s  ({_fmt(j_df_xs)})  <- pandas' read")
     print(f"  pandas groupby transform on the in-memory frame:   {p_only:.3f} s  ({_fmt(p_only_xs)})")
-    print(f"  DuckDB join + windows, kept as CREATE TEMP TABLE:  {d_temp:.3f} s  ({_fmt(d_temp_xs)})")
-    print(f"  DuckDB join + windows, fetched with .df():         {d_df:.3f} s  ({_fmt(d_df_xs)})")
+    print(f"  DuckDB join + group stats, kept as CREATE TEMP TABLE:  {d_temp:.3f} s  ({_fmt(d_temp_xs)})")
+    print(f"  DuckDB join + group stats, fetched with .df():     {d_df:.3f} s  ({_fmt(d_df_xs)})")
     if one is not None:
-        print(f"  DuckDB join + windows to Arrow, threads = 1:       {one:.3f} s  ({_fmt(one_xs)})")
-    print(f"  not the figure: GROUP BY aggregate joined back, to Arrow: {g_by:.3f} s  ({_fmt(g_by_xs)}; "
-          f"max abs diff to the windows {g_by_diff:.1e})")
-    print(f"  so the two windows add about {td - j_arrow:.3f} s to the DuckDB join; "
+        print(f"  DuckDB join + group stats to Arrow, threads = 1:     {one:.3f} s  ({_fmt(one_xs)})")
+    print(f"  not the figure: the window twins (OVER PARTITION BY), to Arrow: {g_by:.3f} s  ({_fmt(g_by_xs)}; "
+          f"max abs diff to the figure's {g_by_diff:.1e})")
+    print(f"  so the group statistics add about {td - j_arrow:.3f} s to the DuckDB join; "
           f"pandas spends {j_df:.3f} s reading and {p_only:.3f} s computing")
     print(f"  load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min; the machine is shared)")
     print(f"\n(total {time.perf_counter() - started:.0f} s)\n")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .advantages import EQUAL_TOL, Credit, estimator_sql
+from .advantages import EQUAL_TOL, GROUP_STATS, Credit, estimator_sql, from_stats_sql, group_stats_sql
 from .store import Store
 from .tasks import Prompt
 
@@ -115,9 +115,10 @@ def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
         pre, expr = estimator_sql(key)
         ctes.append(f"pre AS (SELECT *{pre} FROM scored)")
         final = f"SELECT * EXCLUDE (_a, _in_scope) FROM (SELECT *, {expr} AS advantage FROM pre) WHERE _in_scope"
-    else:
-        _, expr = estimator_sql(key)
-        final = f"SELECT *, {expr} AS advantage FROM scored"
+    else:  # GRPO, Dr. GRPO, RLOO (and token estimators' fallback, GRPO): one GROUP BY joined back
+        ctes.append(f"gs AS (SELECT group_id, {group_stats_sql()} FROM scored GROUP BY group_id)")
+        final = (f"SELECT s.*, {from_stats_sql(key if key in GROUP_STATS else 'grpo', 's.reward')} AS advantage "
+                 "FROM scored s JOIN gs USING (group_id)")
     return "WITH " + ",\n".join(ctes) + "\n" + final, params
 
 

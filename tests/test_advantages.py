@@ -3,7 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studio.advantages import all_equal_groups, grpo, grpo_sql
+from studio.advantages import (all_equal_groups, dr_grpo_sql, from_stats_sql, group_stats_sql, grpo, grpo_sql,
+                               rloo_sql)
 from studio.store import Store
 
 
@@ -55,3 +56,11 @@ def test_sql_form_matches_numpy_form():
     ref = grpo(out["reward"].to_numpy(), out["group_id"].to_numpy())
     assert out["adv"].to_numpy() == pytest.approx(ref, abs=1e-9)
     assert (out.loc[out.group_id == "c", "adv"] == 0.0).all()
+    # the GROUP BY forms the queries use equal the window forms, row by row (NULL rewards too)
+    df.loc[3, "reward"] = None
+    cur.register("t", df)
+    for key, window in (("grpo", grpo_sql()), ("dr_grpo", dr_grpo_sql()), ("rloo", rloo_sql())):
+        both = cur.execute(f"""WITH gs AS (SELECT group_id, {group_stats_sql()} FROM t GROUP BY group_id)
+                               SELECT {window} AS w, {from_stats_sql(key, 't.reward')} AS g
+                               FROM t JOIN gs USING (group_id)""").df()
+        assert len(both) == len(df) and both["w"].to_numpy() == pytest.approx(both["g"].to_numpy(), abs=1e-12), key
