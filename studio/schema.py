@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -22,7 +22,8 @@ TABLES: dict[str, str] = {
         config JSON,
         parent_run_id VARCHAR,
         created_at TIMESTAMP,
-        status VARCHAR                  -- running | done | failed | cancelled | interrupted
+        status VARCHAR,                 -- running | done | failed | cancelled | interrupted | stopped
+        error VARCHAR                   -- why a run failed (schema 4)
     """,
     "prompts": """
         prompt_id VARCHAR PRIMARY KEY,  -- hash of task + text: one id per distinct prompt
@@ -45,7 +46,8 @@ TABLES: dict[str, str] = {
         fork_pos INTEGER,
         forced_token_id INTEGER,
         policy_version VARCHAR,
-        created_at TIMESTAMP
+        created_at TIMESTAMP,
+        train_advantage DOUBLE          -- mini-runs: the advantage the loss used for this rollout (schema 4)
     """,
     "tokens": """
         rollout_id VARCHAR NOT NULL,
@@ -57,7 +59,8 @@ TABLES: dict[str, str] = {
         topk_ids INTEGER[],
         topk_logprobs FLOAT[],
         ref_logprob FLOAT,
-        step_idx INTEGER                -- which reasoning step the token belongs to (NULL: none)
+        step_idx INTEGER,               -- which reasoning step the token belongs to (NULL: none)
+        train_weight FLOAT              -- mini-runs: advantage x entropy mask this token was trained with (schema 4)
     """,
     "token_scores": """
         rollout_id VARCHAR NOT NULL,    -- a stored rollout re-scored (teacher-forced) by another policy
@@ -117,6 +120,11 @@ MIGRATIONS: dict[int, list[str]] = {
     3: [  # token_scores.value: per-token values of a critic (value model), for GAE
         f"CREATE TABLE IF NOT EXISTS token_scores ({TABLES['token_scores']})",
         "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS value FLOAT",
+    ],
+    4: [  # mini-runs: what each token and rollout was trained with, and why a run failed
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS error VARCHAR",
+        "ALTER TABLE tokens ADD COLUMN IF NOT EXISTS train_weight FLOAT",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS train_advantage DOUBLE",
     ],
 }
 

@@ -139,8 +139,8 @@ class Store:
             for table in schema.SEEDED:
                 f = folder / f"{table}.parquet"
                 if f.exists():
-                    cols = ", ".join(schema.columns(table))
-                    cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM read_parquet(?)", [str(f)])
+                    # by name: files written before a column existed leave it NULL
+                    cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet(?)", [str(f)])
 
     def close(self) -> None:
         self._con.close()

@@ -193,7 +193,7 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "3"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "4"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.counts() == counts
     s.close()
@@ -212,7 +212,27 @@ def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
         cur.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "3"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "4"
     assert s.df("SELECT logprob, entropy, value FROM token_scores").values.tolist()[0][:2] == [-0.5, 0.25]
     assert s.scalar("SELECT value FROM token_scores") is None
+    s.close()
+
+
+def test_a_schema_3_store_gains_the_training_columns_and_keeps_its_rows(tmp_path):
+    from sample_data import ROLLOUTS_DIR
+
+    path = tmp_path / "v3.duckdb"
+    s = Store.open(path, seed_dir=ROLLOUTS_DIR)
+    n = s.scalar("SELECT count(*) FROM tokens")
+    with s.transaction() as cur:  # what a schema-3 file looks like: none of the mini-run columns
+        cur.execute("ALTER TABLE runs DROP COLUMN error")
+        cur.execute("ALTER TABLE tokens DROP COLUMN train_weight")
+        cur.execute("ALTER TABLE rollouts DROP COLUMN train_advantage")
+        cur.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    s.close()
+    s = Store.open(path)
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "4"
+    assert s.scalar("SELECT count(*) FROM tokens WHERE train_weight IS NULL") == n
+    assert s.scalar("SELECT count(*) FROM rollouts WHERE train_advantage IS NULL") == 512
+    assert s.scalar("SELECT count(error) FROM runs") == 0
     s.close()
