@@ -30,8 +30,8 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 eps_low: float = 0.2, eps_high: float | None = None, beta: float = 0.0,
                 ref_logps: torch.Tensor | None = None, entropy_mask: torch.Tensor | None = None,
-                loss_type: str = "grpo", max_completion_length: int | None = None
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+                loss_type: str = "grpo", max_completion_length: int | None = None,
+                kl_ratio_correction: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate with a KL penalty (PPO clip as in GRPO; DeepSeekMath, TRL).
 
     Per token t of completion i, with ratio ρ = exp(log π - log π_old):
@@ -39,7 +39,10 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
         ℓ_{i,t} = -min(ρ·A_i, clip(ρ, 1-ε_low, 1+ε_high)·A_i) · m^H_{i,t} + β·KL_{i,t}
         KL_{i,t} = exp(log π_ref - log π) - (log π_ref - log π) - 1      (k3 estimator, ≥ 0)
 
-    ``m^H`` is the entropy mask (1 everywhere when None). The loss averages ℓ over the
+    With ``kl_ratio_correction`` (TRL's default ``use_bias_correction_kl``, DeepSeek-V3.2)
+    the KL term is multiplied by ρ, so its gradient is unbiased for samples from π_old;
+    its value is unchanged while π = π_old. ``m^H`` is the entropy mask (1 everywhere when
+    None). The loss averages ℓ over the
     completion tokens (``mask``) by ``loss_type``: ``grpo``, per completion then over
     completions; ``bnpo``, over all tokens of the batch; ``dr_grpo``, the sum divided by
     (completions × ``max_completion_length``). ``advantages`` is [B] or [B, T].
@@ -72,7 +75,7 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
             raise ValueError("β > 0 needs the reference policy's log-probs (ref_logps)")
         d = ref_logps - logps
         kl = torch.exp(d) - d - 1
-        per_token = per_token + beta * kl
+        per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":

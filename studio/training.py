@@ -1,0 +1,356 @@
+"""Mini-runs, the worker side: the configuration and the training loop.
+
+:class:`MiniRunConfig` is the one dataclass the studio's form and the CLI are generated
+from. :func:`train_worker` runs in its own process (``multiprocessing`` spawn context;
+CUDA when available, CPU otherwise): every step it samples groups with the current
+policy, scores them with the reward, computes advantages with the chosen estimator
+(:mod:`studio.advantages`), takes μ optimiser steps on the clipped loss
+(:func:`backends.trainer.policy_loss`) and puts one message per step on a queue: the
+step's rollouts with their per-token statistics, rewards, the advantages actually used
+and the metrics. The owner (:mod:`studio.minirun`) writes each step in one transaction.
+Checkpoints (weights, tokenizer, optimiser and the step) are saved every
+``checkpoint_every`` steps and at the end; a run resumes from its last one.
+
+Nothing here opens the store: user reward code runs in the sandbox's pool (with its
+limits), the built-in rule in-process. Torch is imported inside the functions, so the
+server can import this module for the config.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from . import advantages as adv_mod
+
+TRAIN_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+PROMPT_SETS = ("easy", "medium", "hard", "mixed")  # or "run:<run_id>": the prompts of a stored run
+HELDOUT_SEED = 10_000  # the sample policy's held-out prompts (sample_data.build_policy)
+TRAIN_SEED = 20_000
+
+
+class TrainConfigError(ValueError):
+    """Mini-run settings out of range; the message names each one."""
+
+
+def _f(default, help: str, lo=None, hi=None, choices=None):
+    return field(default=default, metadata={"help": help, "bounds": (lo, hi), "choices": choices})
+
+
+@dataclass
+class MiniRunConfig:
+    """Everything a mini-run needs; the studio's form and ``python -m studio.minirun`` are
+    generated from these fields (help, bounds and choices in their metadata)."""
+
+    policy: str = _f("sample", "policy folder to start from ('sample': the bundled sample policy)")
+    prompt_set: str = _f("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
+                                   "or run:<run_id> (the prompts of a stored run)")
+    n_prompts: int = _f(64, "size of the training prompt pool (for the task's prompt sets)", 1, 100_000)
+    rule_version: str = _f("", "reward: a stored rule version id ('' = the task's built-in rule)")
+    estimator: str = _f("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)
+    group_size: int = _f(8, "completions per prompt (one group)", 2, 64)
+    prompts_per_step: int = _f(8, "prompts (groups) per training step", 1, 256)
+    learning_rate: float = _f(2e-4, "AdamW learning rate", 1e-7, 1e-1)
+    steps: int = _f(50, "training steps", 1, 100_000)
+    clip_eps: float = _f(0.2, "PPO clip ε: the ratio is clipped to [1-ε, 1+ε]", 0.0, 1.0)
+    kl_beta: float = _f(0.0, "β of the KL penalty to the frozen reference (the starting weights)", 0.0, 10.0)
+    entropy_q: float = _f(1.0, "train on the top q of tokens by entropy (TRL top_entropy_quantile; 1 = all)",
+                          0.01, 1.0)
+    temperature: float = _f(1.0, "sampling temperature", 0.1, 5.0)
+    max_new_tokens: int = _f(40, "longest completion, tokens", 1, 4096)
+    iterations: int = _f(1, "optimiser updates per batch (μ; > 1 makes the clip matter)", 1, 16)
+    loss_type: str = _f("grpo", "how token losses average: grpo (per completion), bnpo (per token), dr_grpo",
+                        choices=("grpo", "bnpo", "dr_grpo"))
+    seed: int = _f(0, "seed of prompts, sampling and initialisation", 0, 2**31 - 1)
+    lora: bool = _f(False, "train LoRA adapters (peft) instead of every weight, for bigger models")
+    lora_r: int = _f(8, "LoRA rank", 1, 256)
+    checkpoint_every: int = _f(10, "save a checkpoint every k steps (and at the end)", 1, 100_000)
+
+    def validate(self) -> None:
+        """Raise :class:`TrainConfigError` naming every setting out of range."""
+        problems = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            lo, hi = f.metadata["bounds"]
+            choices = f.metadata["choices"]
+            if choices and v not in choices:
+                problems.append(f"{f.name.replace('_', ' ')} must be one of {', '.join(choices)}, got {v!r}")
+            if lo is not None and not lo <= v <= hi:
+                problems.append(f"{f.name.replace('_', ' ')} must be {lo:g}-{hi:g}, got {v}")
+        if not (self.prompt_set in PROMPT_SETS or self.prompt_set.startswith("run:")):
+            problems.append(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id>, got {self.prompt_set!r}")
+        if problems:
+            raise TrainConfigError("; ".join(problems))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MiniRunConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise TrainConfigError(f"unknown settings {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def task_prompts(task, prompt_set: str, n: int, seed: int) -> list:
+    """The training pool of a task prompt set (seeded, disjoint from the held-out seed)."""
+    if prompt_set == "mixed":
+        k = max(1, n // 3)
+        return (task.make_prompts(k, seed=TRAIN_SEED + seed, difficulty="easy")
+                + task.make_prompts(k, seed=TRAIN_SEED + seed + 1, difficulty="medium")
+                + task.make_prompts(n - 2 * k, seed=TRAIN_SEED + seed + 2, difficulty="hard"))
+    return task.make_prompts(n, seed=TRAIN_SEED + seed, difficulty=prompt_set)
+
+
+def heldout_prompts(task, n: int = 200) -> list:
+    """Held-out prompts the sample policy never trained on (its build's evaluation set)."""
+    return task.make_prompts(n, seed=HELDOUT_SEED, difficulty="medium")
+
+
+# ---------------------------------------------------------------------------- rewards in the worker
+
+class RewardFn:
+    """The run's reward, callable in the worker: ``(prompts, completions) -> rows`` with a
+    ``{component: value}`` dict per completion (``total`` included; None where a user rule
+    failed on that completion) and ``(index, step_idx, value)`` step rewards."""
+
+    def __init__(self, spec: dict, task):
+        self.spec, self.task = spec, task
+        if spec["kind"] == "builtin":
+            from .rewards import DEFAULT_RULES
+            self.rule = DEFAULT_RULES[task.name]
+        elif spec["kind"] == "rule":
+            from .sandbox import Limits, source_sha
+            self.limits = Limits()
+            self.sha = source_sha(spec["source"])
+        else:
+            raise ValueError(f"unknown reward kind {spec['kind']!r}")
+
+    def __call__(self, prompts: list, completions: list[str]) -> tuple[list[dict], list[tuple]]:
+        if self.spec["kind"] == "builtin":
+            from .rewards import score_frame
+            frame = score_frame(self.rule, self.task, [(str(i), p, c) for i, (p, c) in enumerate(zip(prompts, completions))])
+            out = [dict() for _ in completions]
+            for rid, comp, val in frame[["rollout_id", "component", "value"]].itertuples(index=False):
+                out[int(rid)][comp] = None if val is None or val != val else float(val)
+            return out, []
+        from . import sandbox
+        rows = [(str(i), p.text, json.dumps(p.gold), c) for i, (p, c) in enumerate(zip(prompts, completions))]
+        fut = sandbox.pool(self.limits).submit(sandbox.score_chunk, self.spec["source"], self.sha, self.task.name,
+                                               rows, self.limits.call_s)
+        rewards, steps, _ = fut.result(timeout=self.limits.budget_s)
+        out = [dict() for _ in completions]
+        for rid, comp, val, _err in rewards:
+            out[int(rid)][comp] = val
+        return out, [(int(r), k, v) for r, k, v in steps]
+
+
+# ---------------------------------------------------------------------------- the worker
+
+def _exit_with_parent(parent: int) -> None:
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _advantages(key: str, rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    r = np.nan_to_num(rewards, nan=0.0)  # a completion the rule failed on counts as reward 0
+    if key == "reinforce_pp":
+        return adv_mod.reinforce_pp(r, groups, np.zeros(len(r), dtype=int))
+    return {"grpo": adv_mod.grpo, "dr_grpo": adv_mod.dr_grpo, "rloo": adv_mod.rloo}[key](r, groups)
+
+
+def train_worker(cfg_dict: dict, policy_path: str, reward_spec: dict, prompts_json: list[dict], task_name: str,
+                 ckpt_dir: str, start_step: int, resume_from: str | None, queue, stop, parent_pid: int) -> None:
+    """The mini-run process: train ``cfg.steps`` steps from ``start_step`` and report each.
+
+    Messages on ``queue`` (dicts with ``type``): ``started`` (device, parameters), ``step``
+    (a :class:`backends.trainer.StepOutput` and its seconds), ``checkpoint`` (step, path),
+    ``done`` (``stopped`` or ``finished``), ``error`` (message). ``stop`` (an Event) ends
+    the run after the step in flight, with a checkpoint.
+    """
+    _exit_with_parent(parent_pid)
+    try:
+        _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from,
+               queue, stop)
+    except BaseException as exc:  # everything the owner should be told, with its type
+        import traceback
+        queue.put({"type": "error", "message": f"{type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc()[-2000:]})
+
+
+def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from, queue, stop):
+    import copy
+
+    import torch
+
+    from backends import load_policy
+    from backends.trainer import StepOutput, completion_logps, entropy_threshold, grad_norm, policy_loss
+
+    from .tasks import Prompt, get_task
+
+    cfg = MiniRunConfig.from_dict(cfg_dict)
+    task = get_task(task_name)
+    prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(resume_from or policy_path)
+    model, tok = policy.model, policy.tokenizer
+    device = policy.device
+    ref = copy.deepcopy(load_policy(policy_path).model).eval() if cfg.kl_beta > 0 else None
+    if ref is not None:
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, target_modules="all-linear",
+                                                 lora_dropout=0.0))
+        policy.model = model
+    model.eval()  # no dropout: π_old and π agree exactly before the first update (TRL's disable_dropout)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    if resume_from and (Path(resume_from) / "optimizer.pt").is_file():
+        opt.load_state_dict(torch.load(Path(resume_from) / "optimizer.pt", map_location=device))
+    queue.put({"type": "started", "device": device, "parameters": sum(p.numel() for p in params)})
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rng = np.random.default_rng(cfg.seed)
+    order = [rng.permutation(len(prompts)) for _ in range((cfg.steps * cfg.prompts_per_step) // max(1, len(prompts)) + 2)]
+    order = np.concatenate(order)
+    last_ckpt = start_step - 1
+    step = start_step
+    for step in range(start_step, cfg.steps + 1):
+        t0 = time.perf_counter()
+        lo = (step - 1) * cfg.prompts_per_step
+        picked = [prompts[int(i)] for i in order[lo:lo + cfg.prompts_per_step]]
+        gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
+        t_sample = time.perf_counter() - t0
+        rewards, step_rewards = RewardFn(reward_spec, task)([picked[g.prompt_index] for g in gens],
+                                                            [g.text for g in gens])
+        total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
+        groups = np.array([g.prompt_index for g in gens])
+        adv = _advantages(cfg.estimator, total, groups)
+        thr = entropy_threshold([g.entropies for g in gens], cfg.entropy_q)
+        emasks = [np.ones(g.n_tokens, np.float32) if thr is None else (g.entropies >= thr).astype(np.float32)
+                  for g in gens]
+        p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
+        c_ids = [g.token_ids.tolist() for g in gens]
+        C = max(1, max(len(c) for c in c_ids))
+        em = torch.zeros(len(gens), C, device=device)
+        for b, m in enumerate(emasks):
+            em[b, :len(m)] = torch.from_numpy(m)
+        a = torch.tensor(adv, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            old, mask, ent = completion_logps(model, p_ids, c_ids, pad, with_entropy=True)
+            ref_lp = completion_logps(ref, p_ids, c_ids, pad)[0] if ref is not None else None
+        stats_all, gnorm = [], 0.0
+        for _ in range(cfg.iterations):
+            logps, mask, _ = completion_logps(model, p_ids, c_ids, pad)
+            loss, stats = policy_loss(logps, old, a, mask, eps_low=cfg.clip_eps, beta=cfg.kl_beta, ref_logps=ref_lp,
+                                      entropy_mask=em if thr is not None else None, loss_type=cfg.loss_type,
+                                      max_completion_length=cfg.max_new_tokens)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = grad_norm(model)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            stats_all.append(stats | {"loss": float(loss.detach())})
+        n_tok = float(mask.sum())
+        equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
+        comps = sorted({k for r in rewards for k in r})
+        metrics = {
+            "reward_mean": float(np.nanmean(total)) if np.isfinite(total).any() else float("nan"),
+            "reward_std": float(np.nanstd(total)) if np.isfinite(total).any() else float("nan"),
+            "entropy": float((ent * mask).sum() / max(n_tok, 1.0)),
+            "kl": stats_all[-1]["kl"], "clip_frac": float(np.mean([s["clip_frac"] for s in stats_all])),
+            "loss": float(np.mean([s["loss"] for s in stats_all])), "grad_norm": gnorm,
+            "completion_len": float(np.mean([g.n_tokens for g in gens])),
+            "all_equal_share": len(equal) / max(1, len(set(groups.tolist()))),
+            "entropy_threshold": float("nan") if thr is None else thr,
+            "sample_s": t_sample, "step_s": time.perf_counter() - t0,
+        }
+        for c in comps:
+            if c != "total":
+                vals = np.array([np.nan if r.get(c) is None else r[c] for r in rewards], dtype=np.float64)
+                metrics[f"reward/{c}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+                metrics[f"reward_std/{c}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+        if "accuracy" in comps:
+            metrics["accuracy"] = metrics["reward/accuracy"]
+        out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
+                         prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
+                         token_weights=[float(x) * m for x, m in zip(adv, emasks)], metrics=metrics)
+        queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
+                   "prompts_gold": [p.gold for p in picked]})
+        stopping = stop.is_set()
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or stopping:
+            queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
+            last_ckpt = step
+        if stopping:
+            queue.put({"type": "done", "status": "stopped", "step": step})
+            return
+    if last_ckpt != step:
+        queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
+    queue.put({"type": "done", "status": "done", "step": step})
+
+
+def save_checkpoint(model, tok, opt, ckpt_dir: str, step: int, cfg: MiniRunConfig) -> str:
+    """``<ckpt_dir>/step-<k>``: a full policy folder (LoRA merged into a copy), the
+    optimiser state and the step, written to a temporary folder and renamed, so a kill
+    mid-save never leaves a half checkpoint."""
+    import shutil
+
+    import torch
+
+    final = Path(ckpt_dir) / f"step-{step:05d}"
+    tmp = Path(ckpt_dir) / f".step-{step:05d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    to_save = model
+    if cfg.lora:
+        import copy
+        to_save = copy.deepcopy(model).merge_and_unload()
+    to_save.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if not cfg.lora:  # LoRA runs resume from the merged weights with a fresh adapter and optimiser
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "config": cfg.to_dict()}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return str(final)
+
+
+# ---------------------------------------------------------------------------- evaluation (worker pool)
+
+def evaluate_job(policy_path: str, prompts_json: list[dict], task_name: str, k: int = 4, max_new_tokens: int = 40,
+                 seed: int = 0) -> dict:
+    """Runs in a worker: accuracy (mean over k samples at temperature 1), pass@k, greedy
+    accuracy, mean completion length and mean token entropy on the given prompts."""
+    from backends import load_policy
+
+    from .tasks import Prompt, get_task
+
+    task = get_task(task_name)
+    policy = load_policy(policy_path)
+    prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
+    gens = policy.sample([p.text for p in prompts], n=k, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed,
+                         top_k_stats=1)
+    greedy = policy.sample([p.text for p in prompts], n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed,
+                           top_k_stats=1)
+    ok = np.array([task.is_correct(prompts[g.prompt_index], task.parse_completion(prompts[g.prompt_index], g.text).answer)
+                   for g in gens]).reshape(len(prompts), k)
+    gok = [task.is_correct(prompts[g.prompt_index], task.parse_completion(prompts[g.prompt_index], g.text).answer)
+           for g in greedy]
+    ents = np.concatenate([g.entropies for g in gens if g.n_tokens]) if gens else np.zeros(1)
+    return {"accuracy": float(ok.mean()), f"pass@{k}": float(ok.any(axis=1).mean()), "greedy_accuracy": float(np.mean(gok)),
+            "mean_length": float(np.mean([g.n_tokens for g in gens])), "entropy": float(ents.mean()),
+            "prompts": len(prompts), "samples": int(ok.size)}
