@@ -65,6 +65,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.fork_panel import ForkPanel
     from widgets.generate_panel import GeneratePanel
     from widgets.hacking_view import HackingView
+    from widgets.minirun_panel import MiniRunPanel, known_policies
     from widgets.credit_panel import CreditView, credit_controls
     from widgets.group_view import GroupView
     from widgets.rollout_table import RolloutTable
@@ -98,6 +99,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     rule_panel = RulePanel(state=state, can_run=runs_code, shown=False)
     hacking = HackingView(state=state, shown=False)
     credit_view = CreditView(state=state, can_run=runs_code, shown=False)
+    minirun_panel = MiniRunPanel(state=state, can_run=runs_code, shown=False)
     if runs_code:
         run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
                            css_classes=["generate-card"], header_background="#eef2ff")
@@ -111,14 +113,28 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
                             f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
 
-    def info_html(refresh: int) -> str:  # re-drawn whenever new rollouts are stored
+    def info_html(refresh: int, policy: str) -> str:  # re-drawn whenever new rollouts are stored
         n = store.counts()["rollouts"]
         return (f'<div class="meta-line" style="flex-direction:column;gap:2px">'
                 f'<span>store <b>{esc(Path(store.path).name)}</b> · {n:,} rollouts</span>'
-                f'<span>policy <b>{esc(describe_policy(policy_path))}</b></span></div>')
+                f'<span>policy <b>{esc(describe_policy(policy))}</b></span></div>')
 
-    info = pn.pane.HTML(pn.bind(info_html, state.param.refresh), stylesheets=[CSS], sizing_mode="stretch_width",
-                        margin=(0, 10), css_classes=["store-info"])
+    info = pn.pane.HTML(pn.bind(info_html, state.param.refresh, state.param.policy_path), stylesheets=[CSS],
+                        sizing_mode="stretch_width", margin=(0, 10), css_classes=["store-info"])
+    # the session's policy (Generate, Branch): the bundled ones and every mini-run checkpoint
+    policy_pick = pn.widgets.Select(name="Policy for Generate and Branch", sizing_mode="stretch_width",
+                                    css_classes=["policy-picker"])
+
+    def sync_policies(*_):
+        opts = known_policies(store)
+        if str(state.policy_path) not in opts.values():
+            opts[describe_policy(state.policy_path)] = str(state.policy_path)
+        policy_pick.options = opts
+        policy_pick.value = str(state.policy_path)
+
+    sync_policies()
+    state.param.watch(sync_policies, ["refresh"])
+    policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
     channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
                                                      button_type="light", sizing_mode="stretch_width",
                                                      css_classes=["channel-picker"])
@@ -133,7 +149,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
                                      sizing_mode="stretch_width", css_classes=["fork-scope"]),
         sizing_mode="stretch_width")
     template.sidebar.extend([
-        info,
+        info, policy_pick,
         section("Colour tokens by"), channel,
         section("Reward rule"), version_picker(state),
         section("Advantages and steps"), credit_controls(state),
@@ -147,8 +163,15 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     # URLs pointed at Panel's CDN (Panel 1.9), and the studio must not touch the network
     tabs = pn.Tabs(("Group view", group), ("Entropy landscape", landscape), ("Compare policies", compare),
                    ("Reward rules", rule_panel), ("Reward hacking", hacking), ("Advantages & steps", credit_view),
+                   ("Mini-runs", minirun_panel),
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
-    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view}  # tabs that draw only once opened
+    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view, 6: minirun_panel}  # drawn once opened
+
+    def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
+        minirun_panel.use_rule(version)
+        tabs.active = 6
+
+    rule_panel.on_retrain = retrain
 
     def on_tab(event) -> None:
         for i, view in lazy.items():

@@ -29,6 +29,7 @@ class RolloutFilter:
     reward_max: float | None = None
     group_id: str | None = None
     branches_of: str | None = None  # only branches of this rollout, at any depth
+    train_step: int | None = None  # only rollouts sampled at this training step (mini-runs)
     limit: int = MAX_TABLE_ROWS
 
 
@@ -140,6 +141,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         scope.append("ro.run_id = ?"); sparams.append(f.run_id)
     if f.group_id:
         scope.append("ro.group_id = ?"); sparams.append(f.group_id)
+    if f.train_step is not None:  # a group is sampled within one step: whole groups again
+        scope.append("ro.train_step = ?"); sparams.append(int(f.train_step))
     if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
         scope.append(f"ro.rollout_id IN ({DESCENDANTS})"); sparams.append(f.branches_of)
     base, params = scored_rollouts_sql(rule_version_id, " AND ".join(scope), sparams, credit)

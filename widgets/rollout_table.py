@@ -58,6 +58,8 @@ class RolloutTable(pn.viewable.Viewer):
             pn.widgets.RadioButtonGroup.from_param(self.param.correctness, name="Correctness",
                                                    button_type="light", sizing_mode="stretch_width"),
             self._slider,
+            pn.widgets.IntInput.from_param(self.state.param.train_step, name="Training step (-1: all)",
+                                           sizing_mode="stretch_width", css_classes=["train-step"]),
             pn.widgets.TextInput.from_param(self.state.param.branches_of, name="Branches of rollout",
                                             placeholder="rollout id (set from the fork panel)",
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
@@ -105,11 +107,22 @@ class RolloutTable(pn.viewable.Viewer):
             correct={"all": None, "correct": True, "incorrect": False}[self.correctness],
             reward_min=None if lo <= blo else lo, reward_max=None if hi >= bhi else hi,
             branches_of=self.state.branches_of.strip() or None,
+            train_step=self.state.train_step if self.state.train_step >= 0 else None,
         )
+
+    @param.depends("state.jump_run", watch=True)
+    def _jump(self) -> None:
+        """Show the run a view asked for (e.g. a point on a mini-run curve)."""
+        label = next((k for k, v in self._run_ids.items() if v == self.state.jump_run), None)
+        if label is None:
+            self._refresh_choices()
+            label = next((k for k, v in self._run_ids.items() if v == self.state.jump_run), None)
+        if label is not None:
+            self.run = label
 
     @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.branches_of", "state.estimator",
                    "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
-                   watch=True)
+                   "state.train_step", watch=True)
     def _reload(self) -> None:
         if self._updating_choices:
             return

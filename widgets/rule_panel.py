@@ -129,6 +129,13 @@ class RulePanel(LazyView):
                                         css_classes=["rm-button"], disabled=not can_run)
         if can_run:
             self._rm_go.on_click(self._on_rm)
+        self.on_retrain = None  # set by the app: (version id) -> None, opens the mini-run form with it
+        self._retrain = pn.widgets.Button(name="Retrain with this rule", button_type="light", width=190,
+                                          disabled=not can_run, css_classes=["retrain-button"],
+                                          description="start a mini-run whose reward is Version B")
+        if can_run:
+            self._retrain.on_click(lambda e: self.on_retrain(self._labels[self.version_b])
+                                   if self.on_retrain and self.version_b in self._labels else None)
         self._load = pn.widgets.Select(name="Load a stored version into the editor", options=[], width=330)
         self._load.param.watch(self._on_load, "value")
         self._hist = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=240)
@@ -152,7 +159,8 @@ class RulePanel(LazyView):
             pn.Row(pn.widgets.Select.from_param(self.param.version_a, name="Version A (before)", width=250,
                                                 css_classes=["version-a"]),
                    pn.widgets.Select.from_param(self.param.version_b, name="Version B (after)", width=250,
-                                                css_classes=["version-b"])),
+                                                css_classes=["version-b"]),
+                   pn.Column(pn.Spacer(height=18), self._retrain)),
             self._hist, self._diff, styles={"flex": "1 1 50%"}, sizing_mode="stretch_width")
         self._layout = pn.Row(left, right, sizing_mode="stretch_width")
         self._refresh_versions()

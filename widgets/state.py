@@ -34,6 +34,8 @@ class StudioState(param.Parameterized):
                                 doc="Whose token entropies set the quantile: the rollout's run, its training "
                                     "step, or the rollouts the table's filter keeps.")
     branches_of = param.String(default="", doc="The table shows only branches (at any depth) of this rollout.")
+    train_step = param.Integer(default=-1, doc="The table shows only this training step's rollouts (-1: all).")
+    jump_run = param.String(default="", doc="Set to a run id to make the table show that run.")
     table_filter = param.ClassSelector(class_=RolloutFilter, default=RolloutFilter(),
                                        doc="The table's current filter (the 'filter' fork scope reads it).")
 

@@ -1,0 +1,344 @@
+"""The "Mini-runs" tab: a settings form generated from ``MiniRunConfig``, start / stop /
+resume, a progress bar with ETA, live curves of several runs overlaid (a click on a curve
+opens that step's rollouts), and two policies evaluated side by side on held-out prompts.
+
+Every browser session polls the process-wide run registry (``studio.minirun``) once a
+second, so two tabs watching one run both update; the store is written by the run's
+reader thread, never by a view.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import fields
+
+import pandas as pd
+import panel as pn
+import param
+
+from sample_data import EARLY_POLICY_DIR, POLICY_DIR
+from studio import minirun
+from studio.minirun import CURVES
+from studio.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
+
+from .entropy_view import _hv, _opts
+from .lazy import LazyView
+from .state import StudioState
+from .style import CSS, banner, esc
+
+LABELS = {"reward_mean": "reward (mean)", "accuracy": "accuracy", "entropy": "entropy (nats/token)",
+          "kl": "KL to reference", "clip_frac": "clipped share", "completion_len": "completion length",
+          "all_equal_share": "all-equal groups", "grad_norm": "grad norm", "step_s": "seconds per step"}
+PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
+
+
+def known_policies(store) -> dict[str, str]:
+    """Label -> folder of every policy a picker can offer: the bundled two and every
+    mini-run checkpoint in the store."""
+    out = {"sample policy": str(POLICY_DIR), "sample policy (early checkpoint)": str(EARLY_POLICY_DIR)}
+    for r in minirun.checkpoints(store).itertuples():
+        out[f"{r.name} · step {int(r.step)}"] = r.path
+    return out
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "–"
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+
+
+class MiniRunPanel(LazyView):
+    """Start, watch, stop, resume and compare mini-runs."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    watched = param.Selector(default=None, objects=[], allow_None=True, doc="The run the progress bar follows.")
+    compared = param.ListSelector(default=[], objects=[], doc="Runs whose curves are overlaid.")
+
+    def __init__(self, can_run: bool = True, **params):
+        super().__init__(**params)
+        self._can_run = can_run
+        self._run_ids: dict[str, str] = {}
+        self._seen: tuple = ()
+        self._inputs: dict[str, pn.widgets.Widget] = {}
+        defaults = MiniRunConfig()
+        for f in fields(MiniRunConfig):
+            v, meta = getattr(defaults, f.name), f.metadata
+            label = f.name.replace("_", " ")
+            kw = dict(name=label, width=150, description=meta["help"], disabled=not can_run)
+            if meta["choices"]:
+                w = pn.widgets.Select(options=list(meta["choices"]), value=v, **kw)
+            elif isinstance(v, bool):
+                w = pn.widgets.Checkbox(value=v, name=label, width=150, disabled=not can_run)
+            elif isinstance(v, int):
+                lo, hi = meta["bounds"]
+                w = pn.widgets.IntInput(value=v, start=lo, end=hi, **kw)
+            elif isinstance(v, float):
+                lo, hi = meta["bounds"]
+                w = pn.widgets.FloatInput(value=v, start=lo, end=hi, format="0.[000000]", **kw)
+            else:
+                w = pn.widgets.TextInput(value=v, **kw)
+            self._inputs[f.name] = w
+        # the three settings whose values come from the store get pickers
+        self._inputs["policy"] = pn.widgets.Select(name="policy", width=310, disabled=not can_run,
+                                                   description=MiniRunConfig.__dataclass_fields__["policy"].metadata["help"])
+        self._inputs["prompt_set"] = pn.widgets.Select(name="prompt set", width=150, disabled=not can_run,
+                                                       description="training prompts")
+        self._inputs["rule_version"] = pn.widgets.Select(name="reward (rule version)", width=310,
+                                                         disabled=not can_run, css_classes=["train-rule"])
+        for name, w in self._inputs.items():
+            w.css_classes = list(w.css_classes or []) + [f"cfg-{name.replace('_', '-')}"]
+        self._name = pn.widgets.TextInput(name="run name", placeholder="mini-run · grpo · 50 steps", width=310,
+                                          disabled=not can_run, css_classes=["run-name"])
+        self._start = pn.widgets.Button(name="Start mini-run", button_type="primary", width=150,
+                                        disabled=not can_run, css_classes=["start-run"])
+        self._stop = pn.widgets.Button(name="Stop", button_type="warning", width=70, disabled=True,
+                                       css_classes=["stop-run"])
+        self._resume = pn.widgets.Button(name="Resume", button_type="default", width=80, disabled=True,
+                                         css_classes=["resume-run"])
+        if can_run:
+            self._start.on_click(self._on_start)
+            self._stop.on_click(self._on_stop)
+            self._resume.on_click(self._on_resume)
+        self._message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["run-message"])
+        self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["run-status"])
+        self._progress = pn.indicators.Progress(value=0, max=100, bar_color="primary", sizing_mode="stretch_width",
+                                                height=14, css_classes=["run-progress"])
+        self._curves = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=560, css_classes=["run-curves"])
+        self._jump_step = pn.widgets.IntInput(name="step", value=1, start=1, width=90, css_classes=["jump-step"])
+        self._jump = pn.widgets.Button(name="Show this step's rollouts", width=200, css_classes=["jump-button"])
+        self._jump.on_click(lambda e: self.open_step(self.watched_id(), int(self._jump_step.value)))
+        self._eval_a = pn.widgets.Select(name="Policy A", width=270, css_classes=["eval-a"])
+        self._eval_b = pn.widgets.Select(name="Policy B", width=270, css_classes=["eval-b"])
+        self._eval_go = pn.widgets.Button(name="Evaluate on 200 held-out prompts", button_type="primary", width=250,
+                                          disabled=not can_run, css_classes=["eval-button"])
+        if can_run:
+            self._eval_go.on_click(self._on_eval)
+        self._eval_out = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["eval-result"])
+        grid = [self._inputs[n] for n in ("estimator", "group_size", "prompts_per_step", "steps", "learning_rate",
+                                          "clip_eps", "kl_beta", "entropy_q", "temperature", "max_new_tokens",
+                                          "iterations", "loss_type", "n_prompts", "seed", "checkpoint_every",
+                                          "lora_r")]
+        form = pn.Column(
+            self._inputs["policy"], pn.Row(self._inputs["prompt_set"], self._inputs["lora"]),
+            self._inputs["rule_version"],
+            pn.GridBox(*grid, ncols=2), self._name,
+            pn.Row(self._start, self._stop, self._resume), self._message,
+            width=330, css_classes=["minirun-form"])
+        watch = pn.Row(pn.widgets.Select.from_param(self.param.watched, name="Run", width=300, css_classes=["watched"]),
+                       pn.widgets.MultiChoice.from_param(self.param.compared, name="Overlay runs",
+                                                         sizing_mode="stretch_width", css_classes=["compared"]),
+                       sizing_mode="stretch_width")
+        evaluation = pn.Column(
+            pn.pane.HTML('<div class="meta-line"><b>evaluate two policies</b> (accuracy over 4 samples at '
+                         'temperature 1, pass@4, greedy accuracy, length, entropy)</div>', stylesheets=[CSS]),
+            pn.Row(self._eval_a, self._eval_b, pn.Column(pn.Spacer(height=18), self._eval_go)), self._eval_out,
+            sizing_mode="stretch_width")
+        self._layout = pn.Row(
+            form,
+            pn.Column(watch, self._status, self._progress, self._curves,
+                      pn.Row(self._jump_step, pn.Column(pn.Spacer(height=18), self._jump)), evaluation,
+                      sizing_mode="stretch_width"),
+            sizing_mode="stretch_width", css_classes=["minirun-panel"])
+        self._sync_choices()
+        self._cb = None
+        if pn.state.curdoc is not None:  # one poll per browser session
+            self._cb = pn.state.add_periodic_callback(self._tick, period=1000)
+
+    # -- choices from the store ------------------------------------------------------------
+    @param.depends("state.refresh", watch=True)
+    def _sync_choices(self) -> None:
+        st = self.state
+        pols = known_policies(st.store)
+        self._inputs["policy"].options = pols
+        if self._inputs["policy"].value not in pols.values():
+            self._inputs["policy"].value = str(POLICY_DIR)
+        for sel in (self._eval_a, self._eval_b):
+            sel.options = pols
+        if self._eval_a.value not in pols.values():
+            self._eval_a.value = str(POLICY_DIR)
+        if self._eval_b.value not in pols.values() or self._eval_b.value == self._eval_a.value:
+            self._eval_b.value = list(pols.values())[-1] if len(pols) > 2 else str(EARLY_POLICY_DIR)
+        runs = st.store.df("SELECT run_id, name FROM runs WHERE kind <> 'minirun' ORDER BY created_at")
+        sets = {s: s for s in PROMPT_SETS} | {f"prompts of {r.name}": f"run:{r.run_id}" for r in runs.itertuples()}
+        self._inputs["prompt_set"].options = sets
+        if self._inputs["prompt_set"].value not in sets.values():
+            self._inputs["prompt_set"].value = "medium"
+        vs = st.store.df("""SELECT rule_version_id FROM rule_versions WHERE NOT starts_with(source, '# reward model')
+                            ORDER BY created_at DESC, rule_version_id""")["rule_version_id"]
+        opts = {"the task's built-in rule": ""} | {v: v for v in vs}
+        self._inputs["rule_version"].options = opts
+        if self._inputs["rule_version"].value not in opts.values():
+            self._inputs["rule_version"].value = ""
+        self._sync_runs()
+
+    def _sync_runs(self) -> None:
+        df = minirun.miniruns(self.state.store)
+        self._run_ids = {f"{r.name} · {r.run_id[-6:]}": r.run_id for r in df.itertuples()}
+        labels = list(self._run_ids)
+        with param.parameterized.batch_call_watchers(self):
+            self.param.watched.objects = labels
+            self.param.compared.objects = labels
+            if self.watched not in labels:
+                self.watched = labels[0] if labels else None
+            keep = [c for c in self.compared if c in labels]
+            if keep != list(self.compared):
+                self.compared = keep
+
+    def watched_id(self) -> str | None:
+        return self._run_ids.get(self.watched)
+
+    def use_rule(self, version: str) -> None:
+        """Pick ``version`` as the reward of the next run ("Retrain with this rule")."""
+        self._sync_choices()
+        w = self._inputs["rule_version"]
+        if version not in w.options.values():  # e.g. applied in another tab since the form last looked
+            w.options = {**w.options, version: version}
+        w.value = version
+        self._message.object = banner("info", f"reward set to {version}: adjust the settings and press "
+                                              "Start mini-run.")
+
+    # -- actions ---------------------------------------------------------------------------
+    def config(self) -> MiniRunConfig:
+        return MiniRunConfig(**{n: w.value for n, w in self._inputs.items()})
+
+    def _on_start(self, event=None) -> None:
+        try:
+            run_id = minirun.start(self.state.store, self.config(), name=self._name.value.strip() or None)
+        except (TrainConfigError, minirun.MiniRunBusy, ValueError, OSError) as exc:
+            self._message.object = banner("error", str(exc))
+            return
+        self._message.object = banner("info", "started: the first step appears in a few seconds.")
+        self._sync_runs()
+        label = next(k for k, v in self._run_ids.items() if v == run_id)
+        self.param.update(watched=label, compared=list(dict.fromkeys([label, *self.compared]))[:4])
+        self._tick()
+
+    def _on_stop(self, event=None) -> None:
+        if minirun.stop(self.watched_id() or ""):
+            self._message.object = banner("info", "stopping after the step in flight (with a checkpoint)…")
+
+    def _on_resume(self, event=None) -> None:
+        try:
+            minirun.resume(self.state.store, self.watched_id() or "")
+        except (TrainConfigError, minirun.MiniRunBusy, ValueError, OSError) as exc:
+            self._message.object = banner("error", str(exc))
+            return
+        self._message.object = banner("info", "resumed from the last checkpoint.")
+        self._tick()
+
+    async def _on_eval(self, event=None) -> None:
+        a, b = self._eval_a.value, self._eval_b.value
+        names = {v: k for k, v in self._eval_a.options.items()}
+        self._eval_go.disabled = True
+        self._eval_out.object = banner("info", "evaluating both policies on 200 held-out prompts…")
+        try:
+            ra = await minirun.evaluate(a)
+            rb = await minirun.evaluate(b)
+        except Exception as exc:  # a deleted checkpoint, a broken folder: say which
+            self._eval_out.object = banner("error", f"evaluation failed: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._eval_go.disabled = not self._can_run
+        rows = "".join(
+            f'<tr><td>{esc(k)}</td><td>{ra[k]:.3f}</td><td>{rb[k]:.3f}</td><td><b>{rb[k] - ra[k]:+.3f}</b></td></tr>'
+            for k in ("accuracy", "pass@4", "greedy_accuracy", "mean_length", "entropy"))
+        self._eval_out.object = (f'<table class="diff eval-table"><tr><th></th><th>A: {esc(names.get(a, a))}</th>'
+                                 f'<th>B: {esc(names.get(b, b))}</th><th>B − A</th></tr>{rows}</table>')
+        await asyncio.sleep(0)
+
+    def open_step(self, run_id: str | None, step: int) -> None:
+        """Show the rollouts of ``run_id`` sampled at ``step`` in the table, and open the first."""
+        if not run_id:
+            return
+        self.state.param.update(jump_run=run_id, train_step=int(step))
+        rid = self.state.store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? AND train_step = ? "
+                                      "ORDER BY group_id, sample_idx LIMIT 1", [run_id, int(step)])
+        if rid:
+            self.state.open_rollout(rid)
+
+    # -- live updates ------------------------------------------------------------------------
+    def _tick(self) -> None:
+        rid = self.watched_id()
+        st = minirun.state_of(rid) if rid else None
+        live = [r.run_id for r in minirun.live_runs()]
+        key = (rid, st.step if st else None, st.status if st else None, tuple(live), tuple(self.compared),
+               self.shown)
+        if key == self._seen:
+            return
+        ended = st is not None and self._seen and self._seen[2] in ("starting", "running", "stopping") \
+            and not st.live
+        self._seen = key
+        if any(r not in self._run_ids.values() for r in live):
+            self._sync_runs()
+        self._render_status(rid, st)
+        self._render()
+        if ended:  # new rollouts and checkpoints: let the other views and pickers see them
+            self.state.refresh += 1
+
+    def _render_status(self, rid: str | None, st) -> None:
+        self._stop.disabled = not (self._can_run and st is not None and st.live)
+        row = None
+        if rid:
+            df = self.state.store.df("SELECT status, error, config FROM runs WHERE run_id = ?", [rid])
+            row = df.iloc[0] if len(df) else None
+        if row is None:
+            self._status.object = '<div class="empty">No mini-runs yet: set the form on the left and start one.</div>'
+            self._progress.value = 0
+            self._resume.disabled = True
+            return
+        import json
+        total = json.loads(row["config"]).get("steps", 0)
+        done = int(self.state.store.scalar("SELECT coalesce(max(train_step), 0) FROM metrics WHERE run_id = ? "
+                                           "AND name = 'step_s'", [rid]))
+        status = st.status if st is not None else row["status"]
+        self._resume.disabled = not (self._can_run and status in ("failed", "stopped", "interrupted")
+                                     and (st is None or not st.live))
+        per = float(pd.Series(st.step_times[-10:]).median()) if st is not None and st.step_times else None
+        eta = st.eta_s() if st is not None and st.live else None
+        self._progress.value = int(100 * done / total) if total else 0
+        err = row["error"] if isinstance(row["error"], str) else (st.error if st is not None else None)
+        self._status.object = (
+            f'<div class="meta-line"><span>status <b class="run-state">{esc(status)}</b></span>'
+            f'<span>step <b class="run-step">{done}</b> / {total}</span>'
+            f'<span>{"–" if per is None else f"{per:.2f} s"} per step</span><span>ETA <b>{_fmt_s(eta)}</b></span>'
+            f'<span>device <b>{esc(st.device or "…") if st is not None else "–"}</b></span></div>'
+            + (banner("error", err) if err and status == "failed" else ""))
+
+    @param.depends("compared", "watched", watch=True)
+    def _render(self) -> None:
+        if self._defer():
+            return
+        ids = [self._run_ids[c] for c in self.compared if c in self._run_ids]
+        if self.watched_id() and self.watched_id() not in ids:
+            ids = [self.watched_id(), *ids]
+        if not ids:
+            self._curves.object = None
+            return
+        df = minirun.metrics(self.state.store, ids)
+        if df.empty:
+            self._curves.object = None
+            return
+        hv = _hv()
+        colors = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(ids)}
+        names = dict(zip(df["run_id"], df["run"]))
+        plots = []
+        for m in CURVES:
+            sub = df[df["metric"] == m]
+            layers = [hv.Curve(sub[sub["run_id"] == r], "train_step", ("value", LABELS[m]),
+                               label=f"{names.get(r, r)} · {r[-6:]}").opts(color=colors[r], line_width=2)
+                      * hv.Scatter(sub[sub["run_id"] == r], "train_step", "value").opts(color=colors[r], size=4)
+                      for r in ids if (sub["run_id"] == r).any()]
+            if not layers:
+                continue
+            ov = hv.Overlay(layers).opts(**_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
+                                                 show_legend=m == "reward_mean", legend_position="bottom_right",
+                                                 tools=["hover", "tap"]))
+            plots.append(ov)
+        layout = hv.Layout(plots).cols(3).opts(shared_axes=False)
+        watched = self.watched_id()
+        tap = hv.streams.Tap(source=plots[0], x=None)
+        tap.add_subscriber(lambda x, y: self.open_step(watched, int(round(x))) if x is not None and x >= 1 else None)
+        self._curves.object = layout
+
+    def __panel__(self):
+        return self._layout
