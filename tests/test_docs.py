@@ -51,3 +51,10 @@ def test_every_table_and_module_is_in_the_architecture_map():
             continue
         rel = py.relative_to(ROOT).as_posix()
         assert f"`{rel}`" in ARCH, rel
+
+
+def test_every_minirun_setting_is_documented():
+    from studio.training import MiniRunConfig
+
+    for f in dataclasses.fields(MiniRunConfig):
+        assert f"`{f.name}`" in README, f.name
