@@ -205,3 +205,16 @@ def test_sigkill_mid_step_leaves_whole_steps_and_resumes(store):
     assert store.scalar("SELECT status FROM runs WHERE run_id = ?", [run_id]) == "done"
     assert minirun.last_checkpoint(store, run_id)[0] == 7
     assert json.loads(store.scalar("SELECT config FROM runs WHERE run_id = ?", [run_id]))["steps"] == 7
+
+
+def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
+    db = str(tmp_path / "cli.duckdb")
+    assert minirun.main(["--db", db, "--group-size", "1"]) == 2
+    assert "group size must be 2-64, got 1" in capsys.readouterr().out
+    assert minirun.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
+                         "--name", "from the cli"]) == 0
+    out = capsys.readouterr().out
+    assert "step 1/2: reward" in out and "step 2/2: reward" in out and ": done" in out
+    s = Store.open(db)
+    assert s.scalar("SELECT count(*) FROM rollouts WHERE run_id IN (SELECT run_id FROM runs WHERE name = 'from the cli')") == 16
+    s.close()
