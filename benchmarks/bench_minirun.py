@@ -69,7 +69,7 @@ forward pass with gradients, backward, optimiser), and TRL's step into ``generat
 scoring (``_generate_and_score_completions``) and the rest; ``--no-breakdown`` skips it.
 
 Options: --timing-steps, --rounds, --train-minutes, --eval-k, --eval-seed, --heldout,
---no-breakdown.
+--pool (the learning run's training pool, default 64), --no-breakdown.
 """
 from __future__ import annotations
 
@@ -319,11 +319,13 @@ def evaluate(policy_path: str, heldout: list[dict], k: int, seed: int) -> tuple[
     return res, time.perf_counter() - t
 
 
-def learning_run(store, minutes: float) -> dict:
+def learning_run(store, minutes: float, n_prompts: int | None = None) -> dict:
     from studio import minirun
     from studio.training import MiniRunConfig
 
     cfg = MiniRunConfig(steps=100_000)  # the defaults; more steps than the budget allows: stopped on time
+    if n_prompts:
+        cfg.n_prompts = n_prompts
     t0 = time.perf_counter()
     run_id = minirun.start(store, cfg, name="bench learning")
     st = minirun.state_of(run_id)
@@ -356,6 +358,8 @@ def main() -> None:
     ap.add_argument("--eval-k", type=int, default=4, help="samples per held-out prompt at temperature 1")
     ap.add_argument("--eval-seed", type=int, default=1, help="sampling seed of both evaluations")
     ap.add_argument("--heldout", type=int, default=200, help="held-out prompts")
+    ap.add_argument("--pool", type=int, default=None,
+                    help="training pool of the learning run (default: MiniRunConfig's n_prompts, 64)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-part split of one step")
     args = ap.parse_args()
     if args.timing_steps < 2 or args.rounds < 1:
@@ -421,15 +425,17 @@ def main() -> None:
 
             # ---------------------------------------------------------------- learning
             heldout = [{"text": p.text, "gold": p.gold} for p in heldout_prompts(task, args.heldout)]
-            overlap = len({h["text"] for h in heldout} & {p.text for p in pool})
+            learn_pool = task_prompts(task, d.prompt_set, args.pool or d.n_prompts, d.seed)
+            overlap = len({h["text"] for h in heldout} & {p.text for p in learn_pool})
             from sample_data import POLICY_DIR
             print(f"\nlearning: evaluating the sample policy on {len(heldout)} held-out prompts "
                   f"(k = {args.eval_k} at temperature 1 + greedy, seed {args.eval_seed}) ...", flush=True)
             before, ev_before_s = evaluate(str(POLICY_DIR), heldout, args.eval_k, args.eval_seed)
             print(f"  before: sampled {before['accuracy']:.3f}, greedy {before['greedy_accuracy']:.3f} "
                   f"({ev_before_s:.1f} s); {_load()}", flush=True)
-            print(f"  training a default mini-run for {args.train_minutes:g} min ...", flush=True)
-            lr_res = learning_run(store, args.train_minutes)
+            what = "a default mini-run" if not args.pool else f"a default mini-run on a pool of {args.pool} prompts"
+            print(f"  training {what} for {args.train_minutes:g} min ...", flush=True)
+            lr_res = learning_run(store, args.train_minutes, args.pool)
             step_k, ckpt = lr_res["checkpoint"]
             after, ev_after_s = evaluate(ckpt, heldout, args.eval_k, args.eval_seed)
             print(f"  after {step_k} steps: sampled {after['accuracy']:.3f}, greedy {after['greedy_accuracy']:.3f} "
