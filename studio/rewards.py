@@ -150,9 +150,10 @@ def score_frame(rule: Rule, task: Task, items: list[tuple[str, Prompt, str]]) ->
     ``total`` NULL), so one bad completion or component never loses the other scores.
     """
     rows = []
+    vid = rule.version_id  # hashes the components' source: once per call, not per row
     for rollout_id, prompt, completion in items:
         values, errors = rule.score_detailed(task, prompt, completion)
-        rows.extend((rollout_id, rule.version_id, k, v, errors.get(k)) for k, v in values.items())
+        rows.extend((rollout_id, vid, k, v, errors.get(k)) for k, v in values.items())
     return pd.DataFrame(rows, columns=["rollout_id", "rule_version_id", "component", "value", "error"])
 
 

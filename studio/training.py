@@ -251,11 +251,14 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
             em[b, :len(m)] = torch.from_numpy(m)
         a = torch.tensor(adv, dtype=torch.float32, device=device)
         with torch.no_grad():
-            old, mask, ent = completion_logps(model, p_ids, c_ids, pad, with_entropy=True)
+            # π_old: with one update per batch it is the first forward pass itself, detached (as TRL)
+            old = completion_logps(model, p_ids, c_ids, pad)[0] if cfg.iterations > 1 else None
             ref_lp = completion_logps(ref, p_ids, c_ids, pad)[0] if ref is not None else None
         stats_all, gnorm = [], 0.0
         for _ in range(cfg.iterations):
             logps, mask, _ = completion_logps(model, p_ids, c_ids, pad)
+            if old is None:
+                old = logps.detach()
             loss, stats = policy_loss(logps, old, a, mask, eps_low=cfg.clip_eps, beta=cfg.kl_beta, ref_logps=ref_lp,
                                       entropy_mask=em if thr is not None else None, loss_type=cfg.loss_type,
                                       max_completion_length=cfg.max_new_tokens)
@@ -271,7 +274,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
         metrics = {
             "reward_mean": float(np.nanmean(total)) if np.isfinite(total).any() else float("nan"),
             "reward_std": float(np.nanstd(total)) if np.isfinite(total).any() else float("nan"),
-            "entropy": float((ent * mask).sum() / max(n_tok, 1.0)),
+            "entropy": float(np.concatenate([g.entropies for g in gens]).mean()) if n_tok else 0.0,  # the sampler's
             "kl": stats_all[-1]["kl"], "clip_frac": float(np.mean([s["clip_frac"] for s in stats_all])),
             "loss": float(np.mean([s["loss"] for s in stats_all])), "grad_norm": gnorm,
             "completion_len": float(np.mean([g.n_tokens for g in gens])),

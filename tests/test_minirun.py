@@ -179,7 +179,7 @@ def test_twenty_steps_raise_accuracy_on_the_training_prompts(store):
 
 
 def test_sigkill_mid_step_leaves_whole_steps_and_resumes(store):
-    cfg = MiniRunConfig(steps=7, checkpoint_every=2, prompts_per_step=4, group_size=4, seed=5)
+    cfg = MiniRunConfig(steps=24, checkpoint_every=2, prompts_per_step=4, group_size=4, seed=5)
     run_id = minirun.start(store, cfg, name="to be killed")
     st = minirun.state_of(run_id)
     # a second run on the same policy (this machine: one at a time) is refused while it runs
@@ -201,10 +201,10 @@ def test_sigkill_mid_step_leaves_whole_steps_and_resumes(store):
     assert minirun.resume(store, run_id) == run_id
     st = minirun.wait(run_id, 600)
     assert st.status == "done", st.error
-    assert _steps_are_whole(store, run_id, 16) == list(range(1, 8))
+    assert _steps_are_whole(store, run_id, 16) == list(range(1, 25))
     assert store.scalar("SELECT status FROM runs WHERE run_id = ?", [run_id]) == "done"
-    assert minirun.last_checkpoint(store, run_id)[0] == 7
-    assert json.loads(store.scalar("SELECT config FROM runs WHERE run_id = ?", [run_id]))["steps"] == 7
+    assert minirun.last_checkpoint(store, run_id)[0] == 24
+    assert json.loads(store.scalar("SELECT config FROM runs WHERE run_id = ?", [run_id]))["steps"] == 24
 
 
 def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
