@@ -15,6 +15,7 @@ Checkpoints are full policy folders under ``<store folder>/checkpoints/<run_id>/
 """
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -32,7 +33,7 @@ import pyarrow as pa
 from .records import generation_rows, new_id, now, prompt_rows
 from .store import Store
 from .tasks import Prompt, get_task
-from .training import MiniRunConfig, PROMPT_SETS, TrainConfigError, heldout_prompts, task_prompts
+from .training import MiniRunConfig, TrainConfigError, heldout_prompts, task_prompts
 from .vocab import policy_label, resolve_policy
 
 CURVES = ("reward_mean", "accuracy", "entropy", "kl", "clip_frac", "completion_len", "all_equal_share",
@@ -87,15 +88,21 @@ def state_of(run_id: str) -> RunState | None:
         return _runs.get(run_id)
 
 
+@functools.lru_cache(maxsize=1)
 def capacity() -> int:
-    """Concurrent mini-runs this machine takes: one on a CPU, two with a GPU of 40 GB+."""
+    """Concurrent mini-runs this machine takes: one on a CPU, two with a GPU of 40 GB+.
+    Asks ``nvidia-smi`` (the server does not import torch)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi") or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return 1
     try:
-        import torch  # the server may not have it loaded: only ask when CUDA could be there
-        if os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "" and torch.cuda.is_available():
-            return 2 if torch.cuda.get_device_properties(0).total_memory >= 40 * 2**30 else 1
-    except Exception:
-        pass
-    return 1
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        return 2 if out and float(out[0]) >= 40 * 1024 else 1  # MiB
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 1
 
 
 def checkpoint_root(store: Store) -> Path:

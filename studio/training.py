@@ -83,6 +83,10 @@ class MiniRunConfig:
                 problems.append(f"{f.name.replace('_', ' ')} must be {lo:g}-{hi:g}, got {v}")
         if not (self.prompt_set in PROMPT_SETS or self.prompt_set.startswith("run:")):
             problems.append(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id>, got {self.prompt_set!r}")
+        if self.lora:
+            import importlib.util
+            if importlib.util.find_spec("peft") is None:
+                problems.append("lora needs the peft package (pip install peft), which is not installed")
         if problems:
             raise TrainConfigError("; ".join(problems))
 
@@ -221,6 +225,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     if resume_from and (Path(resume_from) / "optimizer.pt").is_file():
         opt.load_state_dict(torch.load(Path(resume_from) / "optimizer.pt", map_location=device))
+    reward_fn = RewardFn(reward_spec, task)
     queue.put({"type": "started", "device": device, "parameters": sum(p.numel() for p in params)})
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     rng = np.random.default_rng(cfg.seed)
@@ -235,8 +240,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
         gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
         t_sample = time.perf_counter() - t0
-        rewards, step_rewards = RewardFn(reward_spec, task)([picked[g.prompt_index] for g in gens],
-                                                            [g.text for g in gens])
+        rewards, step_rewards = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
         groups = np.array([g.prompt_index for g in gens])
         adv = _advantages(cfg.estimator, total, groups)

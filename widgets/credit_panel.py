@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 import panel as pn
 import param
 
@@ -19,7 +18,7 @@ from .clickable import ClickableHTML
 from .entropy_view import _hv, _opts
 from .lazy import LazyView
 from .rule_panel import DIFF_CSS
-from .state import StudioState
+from .state import StudioState, run_choices
 from .style import CSS, SCALES, banner, esc
 from .token_strip import strip_html
 
@@ -142,9 +141,7 @@ class CreditView(LazyView):
 
     @param.depends("state.refresh", watch=True)
     def _refresh(self) -> None:
-        runs = queries.runs(self.state.store)
-        runs = runs[runs["rollouts"] > 0]
-        self._runs = {f"{r.name} ({r.rollouts})": r.run_id for r in runs.itertuples()}
+        self._runs = run_choices(self.state.store)
         with param.parameterized.batch_call_watchers(self):
             self.param.run.objects = list(self._runs)
             if self.run not in self._runs:

@@ -23,7 +23,7 @@ from studio.store import StoreError
 
 from .clickable import ClickableHTML
 from .lazy import LazyView
-from .state import StudioState
+from .state import StudioState, run_choices
 from .style import CSS, SCALES, banner, chip, esc
 from .token_strip import VISIBLE_WS, num, token_display
 
@@ -115,9 +115,8 @@ class EntropyLandscape(LazyView):
 
     @param.depends("state.refresh", watch=True)
     def _refresh_runs(self) -> None:
+        self._run_ids = run_choices(self.state.store)
         runs = queries.runs(self.state.store)
-        runs = runs[runs["rollouts"] > 0]
-        self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
         labels = list(self._run_ids)
         current = self.run
         self.param.run.objects = labels

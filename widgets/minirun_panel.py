@@ -9,7 +9,6 @@ reader thread, never by a view.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import fields
 
 import pandas as pd
@@ -89,7 +88,7 @@ class MiniRunPanel(LazyView):
             w.css_classes = list(w.css_classes or []) + [f"cfg-{name.replace('_', '-')}"]
         self._name = pn.widgets.TextInput(name="run name", placeholder="mini-run · grpo · 50 steps", width=310,
                                           disabled=not can_run, css_classes=["run-name"])
-        self._start = pn.widgets.Button(name="Start mini-run", button_type="primary", width=150,
+        self._start = pn.widgets.Button(name="Start mini-run", button_type="primary", width=125,
                                         disabled=not can_run, css_classes=["start-run"])
         self._stop = pn.widgets.Button(name="Stop", button_type="warning", width=70, disabled=True,
                                        css_classes=["stop-run"])
@@ -273,6 +272,10 @@ class MiniRunPanel(LazyView):
         self._render_status(rid, st)
         self._render()
         if ended:  # new rollouts and checkpoints: let the other views and pickers see them
+            self._message.object = banner("error" if st.status == "failed" else "info",
+                                          f"{st.name}: {st.status} at step {st.step}" + (
+                                              "; its checkpoints are now policies in the pickers"
+                                              if st.status != "failed" else ""))
             self.state.refresh += 1
 
     def _render_status(self, rid: str | None, st) -> None:

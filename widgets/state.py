@@ -10,6 +10,7 @@ import param
 from studio.advantages import ESTIMATORS, Credit
 from studio.credit import AGGREGATES, SEGMENTERS, Segmenter
 from studio.forks import DEFAULT_Q, SCOPES, ForkRule
+from studio import queries
 from studio.queries import RolloutFilter
 from studio.store import Store
 from widgets.style import CHANNELS
@@ -74,3 +75,10 @@ class StudioState(param.Parameterized):
         if pos is not None:
             self.fork_pos = pos
         return True
+
+
+def run_choices(store: Store) -> dict[str, str]:
+    """Label -> run id of every run with rollouts, as the run pickers show them (the id
+    suffix keeps two runs with the same name apart)."""
+    runs = queries.runs(store)
+    return {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs[runs["rollouts"] > 0].itertuples()}

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from .conftest import studio_page
-from .test_app import text, wait_text
+from .test_app import wait_text
 
 pytestmark = pytest.mark.ui
 
