@@ -16,3 +16,19 @@ def pick_device() -> str:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return "mps"
     return "cpu"
+
+
+def cpu_threads(reserve: int = 1, cap: int = 4) -> int:
+    """Intra-op threads for a model worker process on a CPU: the cores less ``reserve`` left
+    to the owner process (the server answering pages, writing the store), at most ``cap``.
+
+    Threads beyond the free cores do not just share them: OpenMP workers spin-wait on each
+    other, and a step stalls whenever one is descheduled. On a 2-core machine with the
+    owner busy, sampling 64 completions from the sample policy took 4.1 s with 2 threads and
+    0.34 s with 1 (measured; benchmarks/bench_minirun.py prints its thread count).
+    ``ROLLOUT_STUDIO_THREADS`` overrides the choice.
+    """
+    forced = os.environ.get("ROLLOUT_STUDIO_THREADS")
+    if forced:
+        return max(1, int(forced))
+    return max(1, min(cap, (os.cpu_count() or 1) - reserve))

@@ -106,22 +106,36 @@ def sample_batch(model, tokenizer, prompts: list[str], n: int = 1, temperature: 
     """
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(n)]
-    ids, attn = _left_pad(tokenizer, rows, device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+    ids, attn = _left_pad(tokenizer, prompts, device)  # [P, L]: each prompt once
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
     gen = torch.Generator(device=device).manual_seed(seed)
-    done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
-    stats = _decode(model, tokenizer, None, ids, attn, pos, done, max_new_tokens, temperature, top_p,
-                    gen, top_k_stats)
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    if max_new_tokens == 0:
+        return _to_generations(tokenizer, rows, n, *_decode(model, tokenizer, None, ids.repeat_interleave(n, 0),
+                                                               attn, pos, done, 0, temperature, top_p, gen, top_k_stats))
+    # the prompt is encoded once and its KV cache shared by its n samples (a group costs one prefill)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+    past = out.past_key_values
+    first = out.logits[:, -1, :].float()
+    if n > 1:
+        past.batch_repeat_interleave(n)
+        first, attn, pos = first.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), pos.repeat_interleave(n, 0)
+    stats = _decode(model, tokenizer, past, ids.repeat_interleave(n, 0), attn, pos, done, max_new_tokens, temperature,
+                    top_p, gen, top_k_stats, first_logits=first)
     return _to_generations(tokenizer, rows, n, *stats)
 
 
 def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, temperature: float,
-            top_p: float, gen: torch.Generator, k: int):
+            top_p: float, gen: torch.Generator, k: int, first_logits: torch.Tensor | None = None):
     """The decoding loop shared by sampling and branching: ``steps`` tokens per row.
 
     Starts from ``step_ids`` (the whole prompt when ``past`` is None, else the last token)
-    and returns (ids, logprobs, entropies, topk ids, topk logprobs, lengths, finished) for
-    the generated positions. Rows already ``done`` only receive padding.
+    (or ``first_logits`` [B, V], the next-token logits of a prefill already done: the first
+    step then only samples) and returns (ids, logprobs, entropies, topk ids, topk logprobs, lengths, finished) for
+    the generated positions. Rows already ``done`` only receive padding. Once a quarter of
+    the rows being decoded have finished, they leave the batch and the KV cache, so the
+    loop's cost follows the completions' lengths rather than the longest one's (sampling
+    stays deterministic for a seed: the same rows leave at the same steps).
     """
     device = step_ids.device
     B = step_ids.shape[0]
@@ -138,25 +152,37 @@ def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, 
     if steps == 0 or bool(done.all()):
         return out_ids, out_lp, out_ent, out_tki, out_tkl, lengths, done
     sync_every = 1 if device.type == "cpu" else 8
+    live = torch.arange(B, device=device)  # the output row of each row still being decoded
+    d = done.clone()  # done flags of the decoded rows
     for t in range(steps):
-        out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                    past_key_values=past, use_cache=True, logits_to_keep=1)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :].float()  # [B, V]
-        logp = torch.log_softmax(logits, dim=-1)  # [B, V]
+        if t == 0 and first_logits is not None:
+            logits = first_logits
+        else:
+            out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
+                        past_key_values=past, use_cache=True, logits_to_keep=1)
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()  # [b, V]
+        logp = torch.log_softmax(logits, dim=-1)  # [b, V]
         probs = logp.exp()
-        out_ent[:, t] = -(probs * logp).sum(-1)
-        tkl, tki = logp.topk(k, dim=-1)  # [B, k]
-        out_tkl[:, t], out_tki[:, t] = tkl, tki
+        out_ent[live, t] = -(probs * logp).sum(-1)
+        tkl, tki = logp.topk(k, dim=-1)  # [b, k]
+        out_tkl[live, t], out_tki[live, t] = tkl, tki
         nxt = _next_token(logits, probs, temperature, top_p, gen)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        out_ids[:, t] = nxt
-        out_lp[:, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)
-        hit = torch.isin(nxt, stop) & ~done
-        lengths = torch.where(hit, torch.full_like(lengths, t + 1), lengths)
-        done |= hit
-        if t % sync_every == sync_every - 1 and bool(done.all()):  # a host sync: not every step on GPU
-            break
+        nxt = torch.where(d, torch.full_like(nxt, pad_id), nxt)
+        out_ids[live, t] = nxt
+        out_lp[live, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)
+        hit = torch.isin(nxt, stop) & ~d
+        lengths[live] = torch.where(hit, torch.full_like(nxt, t + 1), lengths[live])
+        d |= hit
+        done[live] = d
+        if t % sync_every == sync_every - 1:  # a host sync: not every step on GPU
+            n_done = int(d.sum())
+            if n_done == d.shape[0]:
+                break
+            if 4 * n_done >= d.shape[0] and hasattr(past, "batch_select_indices"):  # a quarter has finished: drop those rows from the batch and cache,
+                keep = (~d).nonzero().squeeze(-1)  # so decoding costs the live rows, not the longest one's
+                past.batch_select_indices(keep)
+                live, d, nxt, attn, step_pos = live[keep], d[keep], nxt[keep], attn[keep], step_pos[keep]
         step_ids = nxt[:, None]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         step_pos = step_pos[:, -1:] + 1

@@ -19,7 +19,7 @@ One training step (:func:`grpo_step`), as TRL's ``GRPOTrainer`` does it with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -122,6 +122,95 @@ def completion_logps(model, prompt_ids: list[list[int]], completion_ids: list[li
     return logps, mask, ent
 
 
+def length_buckets(lengths: list[int], max_buckets: int = 4, overhead: int = 64) -> list[np.ndarray]:
+    """Split a batch into at most ``max_buckets`` micro-batches of similar lengths.
+
+    Each micro-batch is padded only to its own longest sequence, so sorting by length and
+    cutting where it saves most removes most padding (completions of a group often differ
+    by 2x). The cuts minimise Σ rows × longest length + ``overhead`` tokens per extra
+    micro-batch (the fixed cost of one more forward and backward pass), by dynamic
+    programming over at most 64 candidate cut points. Returns index arrays into the batch.
+
+    >>> [b.tolist() for b in length_buckets([10, 100, 11, 98], overhead=8)]
+    [[0, 2], [3, 1]]
+    """
+    n = len(lengths)
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    if n == 0:
+        return []
+    srt = np.asarray(lengths)[order]
+    cands = np.unique(np.linspace(0, n, min(n, 64) + 1).round().astype(int))  # cut positions, 0 and n included
+    m = len(cands)
+    best = np.full((max_buckets + 1, m), np.inf)  # best[k, j]: first cands[j] rows in k micro-batches
+    back = np.zeros((max_buckets + 1, m), dtype=int)
+    best[0, 0] = 0.0
+    for k in range(1, max_buckets + 1):
+        for j in range(1, m):
+            c = best[k - 1, :j] + (cands[j] - cands[:j]) * srt[cands[j] - 1] + (overhead if k > 1 else 0)
+            back[k, j] = int(np.argmin(c))
+            best[k, j] = c[back[k, j]]
+    k = int(np.argmin(best[:, m - 1]))
+    cuts, j = [], m - 1
+    while k > 0:
+        i = back[k, j]
+        cuts.append((cands[i], cands[j]))
+        j, k = i, k - 1
+    return [order[a:b] for a, b in reversed(cuts)]
+
+
+@dataclass
+class MicroBatch:
+    """Part of a training batch: its rows' token ids and advantages, and its share of the
+    batch's loss (``weight``: rows / batch rows, or tokens / batch tokens for ``bnpo``)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: torch.Tensor  # [b]
+    weight: float
+    n_tokens: int
+    entropy_mask: torch.Tensor | None = None  # [b, C_b]
+    old_logps: torch.Tensor | None = None  # [b, C_b]; None: this pass's own, detached (μ = 1)
+    ref_logps: torch.Tensor | None = None  # [b, C_b]
+
+
+def micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], advantages: torch.Tensor,
+                  buckets: list[np.ndarray], loss_type: str = "grpo",
+                  entropy_mask: torch.Tensor | None = None) -> list[MicroBatch]:
+    """The batch cut along ``buckets`` (see :func:`length_buckets`), with loss weights such
+    that Σ weight × ``policy_loss(micro-batch)`` equals ``policy_loss(batch)`` for every
+    loss type: ``grpo`` and ``dr_grpo`` average over completions (weight = rows share),
+    ``bnpo`` over tokens (weight = token share)."""
+    n_rows, n_tok = len(completion_ids), sum(map(len, completion_ids))
+    out = []
+    for idx in buckets:
+        c = [completion_ids[i] for i in idx]
+        toks = sum(map(len, c))
+        w = (toks / max(1, n_tok)) if loss_type == "bnpo" else len(idx) / max(1, n_rows)
+        width = max(1, max(map(len, c)))
+        ti = torch.as_tensor(np.asarray(idx), device=advantages.device)
+        em = None if entropy_mask is None else entropy_mask[ti, :width]
+        out.append(MicroBatch([prompt_ids[i] for i in idx], c, advantages[ti], w, toks, em))
+    return out
+
+
+def backward(model, batches: list[MicroBatch], pad_id: int, **loss_kw) -> tuple[float, dict[str, float]]:
+    """Forward and backward over the micro-batches (gradients accumulate in ``model``):
+    the gradient of the whole batch's :func:`policy_loss`. Returns the loss and the
+    statistics averaged over the batch's tokens."""
+    total, stats = 0.0, {"clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0}
+    n_tok = max(1, sum(mb.n_tokens for mb in batches))
+    for mb in batches:
+        logps, mask, _ = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad_id)
+        old = mb.old_logps if mb.old_logps is not None else logps.detach()
+        loss, st = policy_loss(logps, old, mb.advantages, mask, ref_logps=mb.ref_logps, entropy_mask=mb.entropy_mask,
+                               **loss_kw)
+        (loss * mb.weight).backward()
+        total += float(loss.detach()) * mb.weight
+        for k in stats:
+            stats[k] += st[k] * mb.n_tokens / n_tok
+    return total, stats
+
+
 @dataclass
 class StepOutput:
     """What one training step hands back to the owner (plain data, picklable)."""
@@ -134,6 +223,7 @@ class StepOutput:
     advantages: list[float]  # per generation: the advantage the loss used
     token_weights: list[np.ndarray]  # per generation: advantage × entropy mask, per token
     metrics: dict[str, float]
+    reward_errors: list[dict[str, str]] = field(default_factory=list)  # per generation: component -> why it failed
 
 
 def entropy_threshold(entropies: list[np.ndarray], q: float) -> float | None:

@@ -277,7 +277,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         gens = policy.sample([p.text for p in picked], n=d.group_size, temperature=d.temperature, top_p=1.0,
                              max_new_tokens=d.max_new_tokens, seed=step, top_k_stats=5)
         t = lap("sample (64 x <=40 tokens, with per-token stats)", t)
-        rewards, _ = RewardFn({"kind": "builtin"}, task)([picked[g.prompt_index] for g in gens], [g.text for g in gens])
+        rewards, _, _ = RewardFn({"kind": "builtin"}, task)([picked[g.prompt_index] for g in gens], [g.text for g in gens])
         t = lap("reward: RewardFn (score_frame) as the worker calls it", t)
         for g in gens:
             rule.score_detailed(task, picked[g.prompt_index], g.text)

@@ -134,9 +134,19 @@ def _reward_spec(store: Store, version: str, task: str) -> tuple[dict, str, pd.D
     builtin = {r.version_id: r for r in DEFAULT_RULES.values()}
     if version in builtin:
         return {"kind": "builtin"}, version, None
-    if src.startswith("# reward model"):
-        raise TrainConfigError(f"{version} is a reward model's scores; a mini-run trains on a rule version "
-                               "(reward models as the training reward are not supported yet)")
+    if src.startswith("# reward model "):
+        from backends import check_policy_folder
+        from backends.types import weights_version
+
+        folder = src.splitlines()[0].removeprefix("# reward model ").strip()
+        try:
+            check_policy_folder(folder)
+        except ValueError as exc:
+            raise TrainConfigError(f"{version} scores with a reward model that is gone: {exc}") from None
+        if f"rm-{weights_version(folder)}" != version:
+            raise TrainConfigError(f"the reward model behind {version} has changed on disk since it scored; score the "
+                                   "rollouts with it again and train on the new version")
+        return {"kind": "reward_model", "path": folder}, version, None
     if SOURCES_MARK in src:
         raise TrainConfigError(f"{version} reads other versions' rewards (ctx sources), which new rollouts do not "
                                "have yet; train on a rule without them")
@@ -331,8 +341,9 @@ def write_step(store: Store, run_id: str, task, out, vid: str, golds: list[dict]
     rollouts["train_advantage"] = np.asarray(out.advantages, dtype=np.float64)
     weights = np.concatenate(out.token_weights) if out.token_weights else np.zeros(0)
     tokens = tokens.append_column("train_weight", pa.array(weights.astype(np.float32), pa.float32()))
-    rw = [(rid, vid, comp, val, None if val is not None else "the rule failed on this completion")
-          for rid, comps in zip(rollouts["rollout_id"], out.rewards) for comp, val in comps.items()]
+    errs = out.reward_errors or [{} for _ in out.rewards]
+    rw = [(rid, vid, comp, val, None if val is not None else (why.get(comp) or "the rule failed on this completion"))
+          for rid, comps, why in zip(rollouts["rollout_id"], out.rewards, errs) for comp, val in comps.items()]
     rewards = pd.DataFrame(rw, columns=["rollout_id", "rule_version_id", "component", "value", "error"])
     rewards["value"] = rewards["value"].astype("float64")
     metrics = pd.DataFrame([{"run_id": run_id, "train_step": out.step, "name": k, "value": float(v)}
@@ -347,6 +358,40 @@ def metrics(store: Store, run_ids: list[str]) -> pd.DataFrame:
                        FROM metrics m JOIN runs r USING (run_id)
                        WHERE list_contains(?, m.run_id) AND m.name <> 'checkpoint' ORDER BY m.run_id, m.train_step""",
                     [run_ids])
+
+
+SUMMARY = ("reward_mean", "accuracy", "entropy", "kl", "completion_len", "all_equal_share", "step_s")
+
+
+def summary(store: Store, run_ids: list[str], last: int = 5) -> pd.DataFrame:
+    """One row per run for comparing them at a glance: ``run_id, name, status, steps, estimator,
+    learning_rate, reward (rule version)``, then for each metric of :data:`SUMMARY` its mean
+    over the first ``last`` steps (``<metric>_start``) and over the last ``last`` steps
+    (``<metric>``); runs in the order given."""
+    m = store.df("""WITH m AS (SELECT run_id, train_step, name, value,
+                                      row_number() OVER (PARTITION BY run_id, name ORDER BY train_step DESC) AS back,
+                                      row_number() OVER (PARTITION BY run_id, name ORDER BY train_step) AS fwd
+                               FROM metrics WHERE list_contains(?, run_id) AND list_contains(?, name))
+                    SELECT run_id, name, avg(value) FILTER (back <= ?) AS last, avg(value) FILTER (fwd <= ?) AS first,
+                           max(train_step) AS steps
+                    FROM m GROUP BY ALL""", [run_ids, list(SUMMARY), last, last])
+    runs = store.df("SELECT run_id, name, status, config FROM runs WHERE list_contains(?, run_id)", [run_ids])
+    rows = []
+    for r in runs.itertuples():
+        cfg = json.loads(r.config) if isinstance(r.config, str) else {}
+        mine = m[m["run_id"] == r.run_id].set_index("name")
+        row = {"run_id": r.run_id, "name": r.name, "status": r.status,
+               "steps": int(mine["steps"].max()) if len(mine) else 0, "total": cfg.get("steps"),
+               "estimator": cfg.get("estimator"), "learning_rate": cfg.get("learning_rate"),
+               "reward": cfg.get("reward_version")}
+        for k in SUMMARY:
+            row[k] = float(mine.at[k, "last"]) if k in mine.index else float("nan")
+            row[f"{k}_start"] = float(mine.at[k, "first"]) if k in mine.index else float("nan")
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    return out.set_index("run_id").loc[[r for r in run_ids if r in set(out["run_id"])]].reset_index()
 
 
 def miniruns(store: Store) -> pd.DataFrame:

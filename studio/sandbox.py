@@ -140,6 +140,15 @@ def kill_pool(limits: Limits) -> None:
     ex.shutdown(wait=False, cancel_futures=True)
 
 
+def kill_pools() -> None:
+    """Kill every rule pool of this process (a mini-run worker ending: a spawned process
+    joins its non-daemon children at exit, and an idle pool worker would never return)."""
+    with _lock:
+        keys = list(_pools)
+    for memory_mb, workers in keys:
+        kill_pool(Limits(memory_mb=memory_mb, workers=workers))
+
+
 def _init_worker(memory_mb: int) -> None:
     import resource
 

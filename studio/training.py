@@ -50,7 +50,8 @@ class MiniRunConfig:
     prompt_set: str = _f("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
                                    "or run:<run_id> (the prompts of a stored run)")
     n_prompts: int = _f(64, "size of the training prompt pool (for the task's prompt sets)", 1, 100_000)
-    rule_version: str = _f("", "reward: a stored rule version id ('' = the task's built-in rule)")
+    rule_version: str = _f("", "reward: a stored rule version id ('' = the task's built-in rule; a reward "
+                                     "model's version rm-<folder@hash> trains on its score)")
     estimator: str = _f("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)
     group_size: int = _f(8, "completions per prompt (one group)", 2, 64)
     prompts_per_step: int = _f(8, "prompts (groups) per training step", 1, 256)
@@ -66,7 +67,8 @@ class MiniRunConfig:
     loss_type: str = _f("grpo", "how token losses average: grpo (per completion), bnpo (per token), dr_grpo",
                         choices=("grpo", "bnpo", "dr_grpo"))
     seed: int = _f(0, "seed of prompts, sampling and initialisation", 0, 2**31 - 1)
-    lora: bool = _f(False, "train LoRA adapters (peft) instead of every weight, for bigger models")
+    lora: bool = _f(False, "train LoRA adapters (peft, pip install '.[lora]') instead of every weight, for "
+                             "bigger models")
     lora_r: int = _f(8, "LoRA rank", 1, 256)
     checkpoint_every: int = _f(10, "save a checkpoint every k steps (and at the end)", 1, 100_000)
 
@@ -86,7 +88,8 @@ class MiniRunConfig:
         if self.lora:
             import importlib.util
             if importlib.util.find_spec("peft") is None:
-                problems.append("lora needs the peft package (pip install peft), which is not installed")
+                problems.append("lora needs the peft package (pip install 'rollout-studio[lora]' or pip install peft), "
+                                "which is not installed")
         if problems:
             raise TrainConfigError("; ".join(problems))
 
@@ -120,9 +123,15 @@ def heldout_prompts(task, n: int = 200) -> list:
 # ---------------------------------------------------------------------------- rewards in the worker
 
 class RewardFn:
-    """The run's reward, callable in the worker: ``(prompts, completions) -> rows`` with a
-    ``{component: value}`` dict per completion (``total`` included; None where a user rule
-    failed on that completion) and ``(index, step_idx, value)`` step rewards."""
+    """The run's reward, callable in the worker: ``(prompts, completions) -> (rows, steps, errors)``.
+
+    ``rows`` has a ``{component: value}`` dict per completion (``total`` included; None where
+    a user rule failed on that completion), ``steps`` the ``(index, step_idx, value)`` step
+    rewards, ``errors`` a ``{component: message}`` dict per completion (empty where it scored).
+    Three kinds of reward: the task's built-in rule (in process), a user rule (in the
+    sandbox pool, with its limits) and a reward model (``total`` = its score, loaded once in
+    the worker).
+    """
 
     def __init__(self, spec: dict, task):
         self.spec, self.task = spec, task
@@ -133,26 +142,35 @@ class RewardFn:
             from .sandbox import Limits, source_sha
             self.limits = Limits()
             self.sha = source_sha(spec["source"])
+        elif spec["kind"] == "reward_model":
+            from backends.reward_model import load_reward_model
+            self.rm = load_reward_model(spec["path"])
         else:
             raise ValueError(f"unknown reward kind {spec['kind']!r}")
 
-    def __call__(self, prompts: list, completions: list[str]) -> tuple[list[dict], list[tuple]]:
+    def __call__(self, prompts: list, completions: list[str]) -> tuple[list[dict], list[tuple], list[dict]]:
+        none = [dict() for _ in completions]
         if self.spec["kind"] == "builtin":
             from .rewards import score_frame
             frame = score_frame(self.rule, self.task, [(str(i), p, c) for i, (p, c) in enumerate(zip(prompts, completions))])
             out = [dict() for _ in completions]
             for rid, comp, val in frame[["rollout_id", "component", "value"]].itertuples(index=False):
                 out[int(rid)][comp] = None if val is None or val != val else float(val)
-            return out, []
+            return out, [], none
+        if self.spec["kind"] == "reward_model":
+            scores = self.rm.score_rollouts([p.text for p in prompts], completions)
+            return [{"total": float(s)} for s in scores], [], none
         from . import sandbox
         rows = [(str(i), p.text, json.dumps(p.gold), c) for i, (p, c) in enumerate(zip(prompts, completions))]
         fut = sandbox.pool(self.limits).submit(sandbox.score_chunk, self.spec["source"], self.sha, self.task.name,
                                                rows, self.limits.call_s)
         rewards, steps, _ = fut.result(timeout=self.limits.budget_s)
-        out = [dict() for _ in completions]
-        for rid, comp, val, _err in rewards:
+        out, errors = [dict() for _ in completions], [dict() for _ in completions]
+        for rid, comp, val, err in rewards:
             out[int(rid)][comp] = val
-        return out, [(int(r), k, v) for r, k, v in steps]
+            if err:
+                errors[int(rid)][comp] = err
+        return out, [(int(r), k, v) for r, k, v in steps], errors
 
 
 # ---------------------------------------------------------------------------- the worker
@@ -192,6 +210,9 @@ def train_worker(cfg_dict: dict, policy_path: str, reward_spec: dict, prompts_js
         import traceback
         queue.put({"type": "error", "message": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc()[-2000:]})
+    finally:
+        from . import sandbox
+        sandbox.kill_pools()  # a user rule's pool: its idle workers would hold this process at exit
 
 
 def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from, queue, stop):
@@ -200,11 +221,15 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     import torch
 
     from backends import load_policy
-    from backends.trainer import StepOutput, completion_logps, entropy_threshold, grad_norm, policy_loss
+    from backends.trainer import (StepOutput, backward, completion_logps, entropy_threshold, grad_norm, length_buckets,
+                                  micro_batches)
 
     from .tasks import Prompt, get_task
 
     cfg = MiniRunConfig.from_dict(cfg_dict)
+    from backends.device import cpu_threads, pick_device
+    if pick_device() == "cpu":
+        torch.set_num_threads(cpu_threads())  # one core stays with the owner writing each step
     task = get_task(task_name)
     prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
     torch.manual_seed(cfg.seed)
@@ -240,7 +265,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
         gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
                              max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
         t_sample = time.perf_counter() - t0
-        rewards, step_rewards = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
+        rewards, step_rewards, reward_errors = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
         groups = np.array([g.prompt_index for g in gens])
         adv = _advantages(cfg.estimator, total, groups)
@@ -254,25 +279,27 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
         for b, m in enumerate(emasks):
             em[b, :len(m)] = torch.from_numpy(m)
         a = torch.tensor(adv, dtype=torch.float32, device=device)
+        # on a CPU, micro-batches of similar lengths (padding costs compute there); one batch on a GPU
+        buckets = (length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids)]) if device == "cpu"
+                   else [np.arange(len(gens))])
+        batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None)
         with torch.no_grad():
-            # π_old: with one update per batch it is the first forward pass itself, detached (as TRL)
-            old = completion_logps(model, p_ids, c_ids, pad)[0] if cfg.iterations > 1 else None
-            ref_lp = completion_logps(ref, p_ids, c_ids, pad)[0] if ref is not None else None
+            for mb in batches:
+                # π_old: with one update per batch it is the forward pass itself, detached (as TRL)
+                if cfg.iterations > 1:
+                    mb.old_logps = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad)[0]
+                if ref is not None:
+                    mb.ref_logps = completion_logps(ref, mb.prompt_ids, mb.completion_ids, pad)[0]
         stats_all, gnorm = [], 0.0
         for _ in range(cfg.iterations):
-            logps, mask, _ = completion_logps(model, p_ids, c_ids, pad)
-            if old is None:
-                old = logps.detach()
-            loss, stats = policy_loss(logps, old, a, mask, eps_low=cfg.clip_eps, beta=cfg.kl_beta, ref_logps=ref_lp,
-                                      entropy_mask=em if thr is not None else None, loss_type=cfg.loss_type,
-                                      max_completion_length=cfg.max_new_tokens)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, stats = backward(model, batches, pad, eps_low=cfg.clip_eps, beta=cfg.kl_beta,
+                                   loss_type=cfg.loss_type, max_completion_length=cfg.max_new_tokens)
             gnorm = grad_norm(model)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            stats_all.append(stats | {"loss": float(loss.detach())})
-        n_tok = float(mask.sum())
+            stats_all.append(stats | {"loss": loss})
+        n_tok = float(sum(len(c) for c in c_ids))
         equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
         comps = sorted({k for r in rewards for k in r})
         metrics = {
@@ -293,9 +320,14 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
                 metrics[f"reward_std/{c}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
         if "accuracy" in comps:
             metrics["accuracy"] = metrics["reward/accuracy"]
+        else:  # a reward without an accuracy component (a reward model, a user rule): the task's own check
+            metrics["accuracy"] = float(np.mean([
+                task.is_correct(picked[g.prompt_index], task.parse_completion(picked[g.prompt_index], g.text).answer)
+                for g in gens]))
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
-                         token_weights=[float(x) * m for x, m in zip(adv, emasks)], metrics=metrics)
+                         token_weights=[float(x) * m for x, m in zip(adv, emasks)], metrics=metrics,
+                         reward_errors=reward_errors)
         queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
                    "prompts_gold": [p.gold for p in picked]})
         stopping = stop.is_set()

@@ -18,7 +18,9 @@ _pool: ProcessPoolExecutor | None = None
 def _init_worker() -> None:
     import torch
 
-    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+    from backends.device import cpu_threads
+
+    torch.set_num_threads(cpu_threads())  # one core stays with the server
     _exit_with_parent()
 
 

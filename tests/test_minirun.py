@@ -109,6 +109,30 @@ def test_policy_loss_equals_trl_grpo_loss(tmp_path, loss_type, beta, eps):
     assert (lp - trl_lp).mul(mask).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+def test_length_bucketed_micro_batches_give_the_whole_batch_gradient(loss_type):
+    """The CPU path trains on micro-batches of similar lengths; their weighted losses must
+    add up to the whole batch's loss and gradient, for every loss averaging."""
+    from backends.policy import Policy
+    from backends.trainer import backward, length_buckets, micro_batches
+
+    pol = Policy(str(POLICY_DIR))  # a private copy: gradients are written into it
+    model, tok = pol.model, pol.tokenizer
+    gens = pol.sample(["12+7=", "3*4+1=", "100-55="], n=4, max_new_tokens=30, seed=3)
+    p_ids, c_ids = [tok(g.prompt)["input_ids"] for g in gens], [g.token_ids.tolist() for g in gens]
+    adv = torch.linspace(-1.5, 1.5, len(gens))
+    split = length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids)], overhead=0)
+    assert len(split) > 1 and sorted(np.concatenate(split).tolist()) == list(range(len(gens)))
+    out = []
+    for buckets in ([np.arange(len(gens))], split):
+        model.zero_grad(set_to_none=True)
+        loss, stats = backward(model, micro_batches(p_ids, c_ids, adv, buckets, loss_type), 0, loss_type=loss_type,
+                               max_completion_length=30)
+        out.append((loss, torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])))
+    assert out[1][0] == pytest.approx(out[0][0], abs=1e-6)
+    assert torch.allclose(out[1][1], out[0][1], atol=1e-6) and out[0][1].abs().max() > 1e-3
+
+
 def test_config_is_checked_and_names_every_problem():
     MiniRunConfig().validate()
     with pytest.raises(TrainConfigError) as e:
@@ -152,7 +176,7 @@ def _steps_are_whole(store, run_id: str, per_step: int) -> list[int]:
 def test_twenty_steps_raise_accuracy_on_the_training_prompts(store):
     """Seeded: the sample policy's accuracy on its 64 training prompts (8 samples each) rises
     from 0.61 to 0.81 here; the margin asked is 0.08."""
-    cfg = MiniRunConfig(steps=20, checkpoint_every=10, seed=0)
+    cfg = MiniRunConfig(steps=20, checkpoint_every=10, seed=0, n_prompts=64)
     run_id = minirun.start(store, cfg, name="learn")
     st = minirun.wait(run_id, 900)
     assert st.status == "done", st.error
@@ -218,3 +242,66 @@ def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts WHERE run_id IN (SELECT run_id FROM runs WHERE name = 'from the cli')") == 16
     s.close()
+
+
+ODD_ONLY = """def reward(prompt, completion, gold, steps, **ctx):
+    if len(completion) % 2 == 0:
+        raise ValueError(f"even length {len(completion)}")
+    return 1.0
+"""
+
+
+def test_a_reward_model_or_a_failing_rule_is_the_training_reward(seeded_store):
+    """A reward model's version trains on its score (stored values = direct model calls, the
+    task's accuracy still tracked); a user rule that raises on some completions stores why."""
+    from backends.reward_model import load_reward_model
+    from sample_data import REWARD_MODEL_DIR
+    from studio import rules
+
+    rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR).rule_version_id
+    small = dict(steps=2, prompts_per_step=2, group_size=4, checkpoint_every=2)
+    run_id = minirun.start(seeded_store, MiniRunConfig(rule_version=rm, **small), name="rm")
+    st = minirun.wait(run_id, 300)
+    assert st.status == "done", st.error
+    df = seeded_store.df("""SELECT p.text AS prompt, ro.text AS completion, rw.value FROM rollouts ro
+                            JOIN prompts p USING (prompt_id) JOIN rewards rw USING (rollout_id)
+                            WHERE ro.run_id = ? AND rw.rule_version_id = ? AND rw.component = 'total'""", [run_id, rm])
+    assert len(df) == 16
+    direct = load_reward_model(REWARD_MODEL_DIR).score_rollouts(df["prompt"].tolist(), df["completion"].tolist())
+    assert df["value"].to_numpy() == pytest.approx(direct, abs=1e-5)
+    assert {"accuracy", "reward_mean"} <= set(minirun.metrics(seeded_store, [run_id])["metric"])
+
+    odd = rules.apply_rule_sync(seeded_store, ODD_ONLY, "odd only").rule_version_id
+    run_id = minirun.start(seeded_store, MiniRunConfig(rule_version=odd, **small), name="odd")
+    st = minirun.wait(run_id, 300)
+    assert st.status == "done", st.error
+    rw = seeded_store.df("""SELECT ro.text, rw.value, rw.error FROM rollouts ro JOIN rewards rw USING (rollout_id)
+                            WHERE ro.run_id = ? AND rw.rule_version_id = ?""", [run_id, odd])
+    even = rw["text"].str.len() % 2 == 0
+    assert len(rw) == 16 and even.any() and (~even).any()
+    assert rw.loc[even, "value"].isna().all() and (rw.loc[~even, "value"] == 1.0).all()
+    for text, err in zip(rw.loc[even, "text"], rw.loc[even, "error"]):
+        assert f"ValueError: even length {len(text)}" in err
+
+
+def test_lora_trains_adapters_and_saves_a_merged_policy(store, tmp_path):
+    from safetensors.torch import load_file
+
+    from backends import load_policy
+
+    cfg = MiniRunConfig(steps=3, prompts_per_step=2, group_size=4, lora=True, lora_r=4, checkpoint_every=3,
+                        learning_rate=5e-3)
+    run_id = minirun.start(store, cfg, name="lora")
+    st = minirun.wait(run_id, 300)
+    assert st.status == "done", st.error
+    step, path = minirun.last_checkpoint(store, run_id)
+    assert step == 3
+    names = {p.name for p in __import__("pathlib").Path(path).iterdir()}
+    assert "model.safetensors" in names and "adapter_config.json" not in names  # a plain policy folder
+    base, tuned = load_file(str(POLICY_DIR / "model.safetensors")), load_file(f"{path}/model.safetensors")
+    assert base.keys() == tuned.keys()
+    changed = [k for k in base if not torch.equal(base[k], tuned[k])]
+    assert changed and all(k.endswith("weight") for k in changed)  # LoRA merges into the linear weights only
+    assert not any("ln" in k or "wte" in k or "wpe" in k for k in changed)  # norms and embeddings stay frozen
+    gens = load_policy(path).sample(["1+2="], n=2, max_new_tokens=8)  # usable as a policy everywhere
+    assert len(gens) == 2

@@ -189,8 +189,11 @@ class PolicyCompare(LazyView):
         self._table = ClickableHTML(object="", stylesheets=[CSS, COMPARE_CSS], sizing_mode="stretch_width",
                                     css_classes=["compare-table"])
         self._table.on_click(self._on_click)
+        self._pick = pn.widgets.Select(name="Policy B", options={}, width=260, css_classes=["compare-pick"])
+        self._pick.param.watch(lambda e: e.new and self.param.update(policy=e.new), "value")
         controls = pn.Row(
-            pn.widgets.TextInput.from_param(self.param.policy, name="Policy B folder", width=460,
+            self._pick,
+            pn.widgets.TextInput.from_param(self.param.policy, name="or any policy folder", width=380,
                                             css_classes=["compare-policy"]),
             pn.widgets.Select.from_param(self.param.scope, name="Rollouts", width=200),
             pn.Column(pn.Spacer(height=18), self._go),
@@ -234,10 +237,19 @@ class PolicyCompare(LazyView):
         self._status.object = banner("info", f"{len(ids)} rollouts scored by {self._version}.")
         self._render()
 
+    def _sync_policies(self) -> None:
+        """The picker offers the bundled policies and every mini-run checkpoint in the store."""
+        from .minirun_panel import known_policies
+
+        opts = {"(a folder typed on the right)": ""} | known_policies(self.state.store)
+        self._pick.options = opts
+        self._pick.value = self.policy if self.policy in opts.values() else ""
+
     @param.depends("state.group_id", "state.rollout_id", "scope", watch=True)
     def _render(self) -> None:
         if self._defer():  # a hidden tab: drawn when it is opened
             return
+        self._sync_policies()
         if self._version is None:
             versions = forks.scored_versions(self.state.store)
             if not versions:

@@ -28,6 +28,15 @@ from .style import CSS, banner, esc
 LABELS = {"reward_mean": "reward (mean)", "accuracy": "accuracy", "entropy": "entropy (nats/token)",
           "kl": "KL to reference", "clip_frac": "clipped share", "completion_len": "completion length",
           "all_equal_share": "all-equal groups", "grad_norm": "grad norm", "step_s": "seconds per step"}
+RUN_CSS = """
+table.diff { border-collapse:collapse; width:100%; font-size:12px; font-variant-numeric:tabular-nums; }
+table.diff th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
+table.diff td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowrap; }
+table.diff td.run { font-weight:600; }
+.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
+.delta { color:#868e96; font-size:11px; }
+.muted { color:#868e96; font-weight:400; }
+"""
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
 
 
@@ -44,6 +53,33 @@ def _fmt_s(s: float | None) -> str:
     if s is None:
         return "–"
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+
+
+def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
+    """The overlaid runs side by side: settings, then each metric's mean over the last 5
+    steps with its change since the first 5 (the swatch is the run's curve colour)."""
+    if df.empty:
+        return ""
+    cols = [m for m in minirun.SUMMARY if df[m].notna().any()]
+    head = "".join(f"<th>{esc(LABELS.get(m, m))}</th>" for m in cols)
+    rows = []
+    for r in df.to_dict("records"):
+        cells = []
+        for m in cols:
+            v, v0 = r[m], r[f"{m}_start"]
+            if v != v:
+                cells.append("<td>–</td>")
+                continue
+            delta = "" if m == "step_s" or v0 != v0 else f' <span class="delta">{v - v0:+.3f}</span>'
+            cells.append(f"<td>{v:.3f}{delta}</td>")
+        sw = f'<span class="swatch" style="background:{colors.get(r["run_id"], "#868e96")}"></span>'
+        rows.append(f'<tr class="summary-row"><td class="run">{sw}{esc(r["name"])} <span class="muted">· '
+                    f'{esc(r["run_id"][-6:])}</span></td><td>{esc(r["status"])}</td><td>{r["steps"]}/{r["total"]}</td>'
+                    f'<td>{esc(r["estimator"] or "–")}</td><td>{r["learning_rate"] or 0:g}</td>'
+                    f'<td class="muted">{esc((r["reward"] or "–")[:28])}</td>{"".join(cells)}</tr>')
+    return ('<div class="meta-line"><b>runs side by side</b><span>mean of the last 5 steps; the change since the '
+            'first 5 beside it</span></div><table class="diff summary-table"><tr><th>run</th><th>status</th>'
+            f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table>')
 
 
 class MiniRunPanel(LazyView):
@@ -103,6 +139,7 @@ class MiniRunPanel(LazyView):
         self._progress = pn.indicators.Progress(value=0, max=100, bar_color="primary", sizing_mode="stretch_width",
                                                 height=14, css_classes=["run-progress"])
         self._curves = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=560, css_classes=["run-curves"])
+        self._table = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", css_classes=["run-summary"])
         self._jump_step = pn.widgets.IntInput(name="step", value=1, start=1, width=90, css_classes=["jump-step"])
         self._jump = pn.widgets.Button(name="Show this step's rollouts", width=200, css_classes=["jump-button"])
         self._jump.on_click(lambda e: self.open_step(self.watched_id(), int(self._jump_step.value)))
@@ -112,7 +149,7 @@ class MiniRunPanel(LazyView):
                                           disabled=not can_run, css_classes=["eval-button"])
         if can_run:
             self._eval_go.on_click(self._on_eval)
-        self._eval_out = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["eval-result"])
+        self._eval_out = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", css_classes=["eval-result"])
         grid = [self._inputs[n] for n in ("estimator", "group_size", "prompts_per_step", "steps", "learning_rate",
                                           "clip_eps", "kl_beta", "entropy_q", "temperature", "max_new_tokens",
                                           "iterations", "loss_type", "n_prompts", "seed", "checkpoint_every",
@@ -134,7 +171,7 @@ class MiniRunPanel(LazyView):
             sizing_mode="stretch_width")
         self._layout = pn.Row(
             form,
-            pn.Column(watch, self._status, self._progress, self._curves,
+            pn.Column(watch, self._status, self._progress, self._curves, self._table,
                       pn.Row(self._jump_step, pn.Column(pn.Spacer(height=18), self._jump)), evaluation,
                       sizing_mode="stretch_width"),
             sizing_mode="stretch_width", css_classes=["minirun-panel"])
@@ -162,9 +199,10 @@ class MiniRunPanel(LazyView):
         self._inputs["prompt_set"].options = sets
         if self._inputs["prompt_set"].value not in sets.values():
             self._inputs["prompt_set"].value = "medium"
-        vs = st.store.df("""SELECT rule_version_id FROM rule_versions WHERE NOT starts_with(source, '# reward model')
-                            ORDER BY created_at DESC, rule_version_id""")["rule_version_id"]
-        opts = {"the task's built-in rule": ""} | {v: v for v in vs}
+        vs = st.store.df("""SELECT rule_version_id AS v, starts_with(source, '# reward model') AS rm FROM rule_versions
+                            ORDER BY created_at DESC, rule_version_id""")
+        opts = {"the task's built-in rule": ""} | {(f"reward model · {v}" if rm else v): v
+                                                    for v, rm in zip(vs["v"], vs["rm"])}
         self._inputs["rule_version"].options = opts
         if self._inputs["rule_version"].value not in opts.values():
             self._inputs["rule_version"].value = ""
@@ -315,14 +353,15 @@ class MiniRunPanel(LazyView):
         if self.watched_id() and self.watched_id() not in ids:
             ids = [self.watched_id(), *ids]
         if not ids:
-            self._curves.object = None
+            self._curves.object, self._table.object = None, ""
             return
         df = minirun.metrics(self.state.store, ids)
         if df.empty:
-            self._curves.object = None
+            self._curves.object, self._table.object = None, ""
             return
         hv = _hv()
         colors = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(ids)}
+        self._table.object = summary_html(minirun.summary(self.state.store, ids), colors)
         names = dict(zip(df["run_id"], df["run"]))
         plots = []
         for m in CURVES:
