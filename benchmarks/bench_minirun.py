@@ -184,7 +184,8 @@ def trl_reward(prompts_pool):
     return arithmetic_total
 
 
-def trl_round(steps: int, seed: int, prompts_pool, out_dir: str) -> dict:
+def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -> dict:
+    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -227,7 +228,12 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str) -> dict:
         return out
 
     trainer._generate_and_score_completions = timed_gen
-    trainer.train()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(before)
     wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     settings = {k: getattr(args, k) for k in ("num_generations", "per_device_train_batch_size", "max_completion_length",
@@ -249,7 +255,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
     import torch
 
     from backends.policy import Policy
-    from backends.trainer import completion_logps, grad_norm, policy_loss
+    from backends.trainer import backward, grad_norm, length_buckets, micro_batches
     from sample_data import POLICY_DIR
     from studio.rewards import DEFAULT_RULES
     from studio.tasks import get_task
@@ -282,24 +288,17 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         for g in gens:
             rule.score_detailed(task, picked[g.prompt_index], g.text)
         t = lap("  of which the rule's scoring itself (score_detailed x 64)", t)
-        _ = rule.version_id
-        t = lap(f"  one rule.version_id (score_frame reads it per row: x {len(gens) * (len(rule.components) + 1)})", t)
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards])
         groups = np.array([g.prompt_index for g in gens])
         adv = torch.tensor(_advantages(d.estimator, total, groups), dtype=torch.float32)
         p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
         c_ids = [g.token_ids.tolist() for g in gens]
-        t = lap("advantages + tokenising prompts", t)
-        with torch.no_grad():
-            old, mask, _ = completion_logps(model, p_ids, c_ids, pad, with_entropy=True)
-        t = lap("pi_old log-probs + entropies (no-grad forward)", t)
-        logps, mask, _ = completion_logps(model, p_ids, c_ids, pad)
-        loss, _stats = policy_loss(logps, old, adv, mask, eps_low=d.clip_eps, loss_type=d.loss_type,
-                                   max_completion_length=d.max_new_tokens)
-        t = lap("forward with gradients + loss", t)
+        buckets = length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids)])
+        batches = micro_batches(p_ids, c_ids, adv, buckets, d.loss_type)
+        t = lap("advantages, tokenising prompts, length buckets", t)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t = lap("backward", t)
+        backward(model, batches, pad, eps_low=d.clip_eps, loss_type=d.loss_type, max_completion_length=d.max_new_tokens)
+        t = lap("forward + backward over the length-bucketed micro-batches", t)
         grad_norm(model)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -374,6 +373,7 @@ def main() -> None:
     import transformers
     import trl  # imported once, before any timing
 
+    from backends.device import cpu_threads
     from studio.store import Store
     from studio.tasks import get_task
     from studio.training import MiniRunConfig, heldout_prompts, task_prompts
@@ -396,18 +396,29 @@ def main() -> None:
         try:
             # ---------------------------------------------------------------- step time
             print(f"\ntiming: {args.rounds} rounds x {args.timing_steps} steps on each side, alternating", flush=True)
+            trl_threads = sorted({torch.get_num_threads(), cpu_threads()}, reverse=True)
+            trl_by: dict[int, list[dict]] = {n: [] for n in trl_threads}
             for r in range(args.rounds):
-                order = ("ours", "trl") if r % 2 == 0 else ("trl", "ours")
+                sides = ["ours", *(f"trl{n}" for n in trl_threads)]
+                order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     if side == "ours":
                         res = ours_round(store, args.timing_steps, seed=r)
                         ours_r.append(res)
                     else:
-                        res = trl_round(args.timing_steps, seed=r, prompts_pool=pool, out_dir=str(Path(tmp) / f"trl{r}"))
-                        trl_r.append(res)
-                    print(f"  round {r + 1} {side:>4}: steps " + " ".join(f"{x:.3f}" for x in res["step_s"])
+                        n = int(side[3:])
+                        res = trl_round(args.timing_steps, seed=r, prompts_pool=pool, out_dir=str(Path(tmp) / f"{side}-{r}"),
+                                        threads=n)
+                        trl_by[n].append(res)
+                    label = "ours" if side == "ours" else f"TRL ({side[3:]} thr)"
+                    print(f"  round {r + 1} {label:>12}: steps " + " ".join(f"{x:.3f}" for x in res["step_s"])
                           + f" s (first skipped); {res['wall_s']:.1f} s with start-up; {_load()}", flush=True)
             ours_steps = [x for res in ours_r for x in res["step_s"][1:]]
+            trl_meds = {n: _med([x for res in rs for x in res["step_s"][1:]]) for n, rs in trl_by.items()}
+            best_threads = min(trl_meds, key=trl_meds.get)  # the baseline: TRL at its faster thread count
+            trl_r = trl_by[best_threads]
+            print("  TRL median step by thread count: " + ", ".join(f"{n} threads {v:.3f} s" for n, v in trl_meds.items())
+                  + f"; the baseline is the faster ({best_threads})", flush=True)
             trl_steps = [x for res in trl_r for x in res["step_s"][1:]]
             ours_s, trl_s = _med(ours_steps), _med(trl_steps)
             ours_sample = _med([x for res in ours_r for x in res["sample_s"][1:]])
@@ -420,8 +431,14 @@ def main() -> None:
 
             parts = None
             if not args.no_breakdown:
-                print("\nbreakdown of one of our steps (in this process, median of 6 after a warm-up) ...", flush=True)
-                parts = breakdown(pool)
+                print(f"\nbreakdown of one of our steps (in this process at the worker's {cpu_threads()} thread(s), median "
+                      "of 6 after a warm-up) ...", flush=True)
+                before_threads = torch.get_num_threads()
+                torch.set_num_threads(cpu_threads())
+                try:
+                    parts = breakdown(pool)
+                finally:
+                    torch.set_num_threads(before_threads)
 
             # ---------------------------------------------------------------- learning
             heldout = [{"text": p.text, "gold": p.gold} for p in heldout_prompts(task, args.heldout)]

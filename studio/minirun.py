@@ -366,15 +366,16 @@ SUMMARY = ("reward_mean", "accuracy", "entropy", "kl", "completion_len", "all_eq
 def summary(store: Store, run_ids: list[str], last: int = 5) -> pd.DataFrame:
     """One row per run for comparing them at a glance: ``run_id, name, status, steps, estimator,
     learning_rate, reward (rule version)``, then for each metric of :data:`SUMMARY` its mean
-    over the first ``last`` steps (``<metric>_start``) and over the last ``last`` steps
-    (``<metric>``); runs in the order given."""
+    over the first ``w`` steps (``<metric>_start``) and over the last ``w`` (``<metric>``),
+    with ``w`` = ``last``, or half the steps of a shorter run; runs in the order given."""
     m = store.df("""WITH m AS (SELECT run_id, train_step, name, value,
                                       row_number() OVER (PARTITION BY run_id, name ORDER BY train_step DESC) AS back,
-                                      row_number() OVER (PARTITION BY run_id, name ORDER BY train_step) AS fwd
+                                      row_number() OVER (PARTITION BY run_id, name ORDER BY train_step) AS fwd,
+                                      least(?, greatest(1, count(*) OVER (PARTITION BY run_id, name) // 2)) AS w
                                FROM metrics WHERE list_contains(?, run_id) AND list_contains(?, name))
-                    SELECT run_id, name, avg(value) FILTER (back <= ?) AS last, avg(value) FILTER (fwd <= ?) AS first,
+                    SELECT run_id, name, avg(value) FILTER (back <= w) AS last, avg(value) FILTER (fwd <= w) AS first,
                            max(train_step) AS steps
-                    FROM m GROUP BY ALL""", [run_ids, list(SUMMARY), last, last])
+                    FROM m GROUP BY ALL""", [last, run_ids, list(SUMMARY)])
     runs = store.df("SELECT run_id, name, status, config FROM runs WHERE list_contains(?, run_id)", [run_ids])
     rows = []
     for r in runs.itertuples():

@@ -49,9 +49,10 @@ class MiniRunConfig:
     policy: str = _f("sample", "policy folder to start from ('sample': the bundled sample policy)")
     prompt_set: str = _f("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
                                    "or run:<run_id> (the prompts of a stored run)")
-    n_prompts: int = _f(64, "size of the training prompt pool (for the task's prompt sets)", 1, 100_000)
+    n_prompts: int = _f(4096, "size of the training prompt pool (for the task's prompt sets); a small pool is "
+                              "memorised rather than learned", 1, 100_000)
     rule_version: str = _f("", "reward: a stored rule version id ('' = the task's built-in rule; a reward "
-                                     "model's version rm-<folder@hash> trains on its score)")
+                               "model's version rm-<folder@hash> trains on its score)")
     estimator: str = _f("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)
     group_size: int = _f(8, "completions per prompt (one group)", 2, 64)
     prompts_per_step: int = _f(8, "prompts (groups) per training step", 1, 256)

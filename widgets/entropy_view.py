@@ -245,7 +245,7 @@ class PolicyCompare(LazyView):
         self._pick.options = opts
         self._pick.value = self.policy if self.policy in opts.values() else ""
 
-    @param.depends("state.group_id", "state.rollout_id", "scope", watch=True)
+    @param.depends("state.group_id", "state.rollout_id", "state.refresh", "scope", watch=True)
     def _render(self) -> None:
         if self._defer():  # a hidden tab: drawn when it is opened
             return

@@ -37,6 +37,8 @@ table.diff td.run { font-weight:600; }
 .delta { color:#868e96; font-size:11px; }
 .muted { color:#868e96; font-weight:400; }
 """
+SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
+         "all_equal_share": "all-equal", "step_s": "s / step"}
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
 
 
@@ -56,12 +58,13 @@ def _fmt_s(s: float | None) -> str:
 
 
 def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
-    """The overlaid runs side by side: settings, then each metric's mean over the last 5
-    steps with its change since the first 5 (the swatch is the run's curve colour)."""
+    """The overlaid runs side by side: settings, then each metric's mean over the last steps
+    with its change since the first ones (``minirun.summary``; the swatch is the run's
+    curve colour)."""
     if df.empty:
         return ""
     cols = [m for m in minirun.SUMMARY if df[m].notna().any()]
-    head = "".join(f"<th>{esc(LABELS.get(m, m))}</th>" for m in cols)
+    head = "".join(f'<th title="{esc(LABELS.get(m, m))}">{esc(SHORT.get(m, m))}</th>' for m in cols)
     rows = []
     for r in df.to_dict("records"):
         cells = []
@@ -77,8 +80,8 @@ def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
                     f'{esc(r["run_id"][-6:])}</span></td><td>{esc(r["status"])}</td><td>{r["steps"]}/{r["total"]}</td>'
                     f'<td>{esc(r["estimator"] or "–")}</td><td>{r["learning_rate"] or 0:g}</td>'
                     f'<td class="muted">{esc((r["reward"] or "–")[:28])}</td>{"".join(cells)}</tr>')
-    return ('<div class="meta-line"><b>runs side by side</b><span>mean of the last 5 steps; the change since the '
-            'first 5 beside it</span></div><table class="diff summary-table"><tr><th>run</th><th>status</th>'
+    return ('<div class="meta-line"><b>runs side by side</b><span>each metric: mean of the last 5 steps (of the '
+            'last half in shorter runs), and its change since the first ones</span></div><table class="diff summary-table"><tr><th>run</th><th>status</th>'
             f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table>')
 
 

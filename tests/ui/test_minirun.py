@@ -52,11 +52,35 @@ def test_a_mini_run_from_the_rule_panel_to_the_table(browser, server):
         set_input(page, ".jump-step", 2)
         page.locator(".jump-button button").click()
         wait_text(page, page.locator(".table-count"), "16 of", timeout_s=30)
+        for _ in range(50):  # the sidebar filter follows the jump
+            if page.locator(".train-step input").input_value() == "2":
+                break
+            page.wait_for_timeout(200)
         assert page.locator(".train-step input").input_value() == "2"
         wait_text(page, page.locator(".strip-header"), "prompt Q:", timeout_s=30)
         # the checkpoints are policies now: the sidebar and the evaluation pickers offer them
         page.wait_for_function("() => true")
         opts = page.locator(".policy-picker select option").all_inner_texts()
         assert any("ui run · step 4" in o for o in opts), opts
+        # the run in the side-by-side table under the curves
+        page.locator(".lower-tabs .bk-tab", has_text="Mini-runs").click()
+        wait_text(page, page.locator(".run-summary"), "ui run", timeout_s=30)
+        assert page.locator(".run-summary tr.summary-row").count() == 1
         if os.environ.get("STUDIO_SHOTS"):
             page.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"], "minirun.png"), full_page=True)
+            page.locator(".minirun-panel").first.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"],
+                                                                              "minirun-panel.png"))
+        # and its checkpoint is policy B in Compare policies
+        page.locator(".lower-tabs .bk-tab", has_text="Compare policies").click()
+        for _ in range(50):
+            labels = page.locator(".compare-pick select option").all_inner_texts()
+            if any("ui run · step 4" in o for o in labels):
+                break
+            page.wait_for_timeout(200)
+        label = next(o for o in labels if "ui run · step 4" in o)
+        page.locator(".compare-pick select").select_option(label=label)
+        for _ in range(50):
+            if page.locator(".compare-policy input").input_value().endswith("step-00004"):
+                break
+            page.wait_for_timeout(200)
+        assert page.locator(".compare-policy input").input_value().endswith("step-00004")
