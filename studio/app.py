@@ -67,6 +67,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.hacking_view import HackingView
     from widgets.minirun_panel import MiniRunPanel, known_policies
     from widgets.credit_panel import CreditView, credit_controls
+    from widgets.curation_panel import CurationPanel
     from widgets.group_view import GroupView
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import RulePanel, version_picker
@@ -100,6 +101,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     hacking = HackingView(state=state, shown=False)
     credit_view = CreditView(state=state, can_run=runs_code, shown=False)
     minirun_panel = MiniRunPanel(state=state, can_run=runs_code, shown=False)
+    curation = CurationPanel(state=state, shown=False)
     if runs_code:
         run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
                            css_classes=["generate-card"], header_background="#eef2ff")
@@ -163,9 +165,10 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     # URLs pointed at Panel's CDN (Panel 1.9), and the studio must not touch the network
     tabs = pn.Tabs(("Group view", group), ("Entropy landscape", landscape), ("Compare policies", compare),
                    ("Reward rules", rule_panel), ("Reward hacking", hacking), ("Advantages & steps", credit_view),
-                   ("Mini-runs", minirun_panel),
+                   ("Mini-runs", minirun_panel), ("Preference data", curation),
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
-    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view, 6: minirun_panel}  # drawn once opened
+    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view, 6: minirun_panel,
+            7: curation}  # drawn once opened
 
     def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
         minirun_panel.use_rule(version)

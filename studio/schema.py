@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -99,14 +99,58 @@ TABLES: dict[str, str] = {
         name VARCHAR NOT NULL,
         value DOUBLE
     """,
-    "preferences": """
-        pair_id VARCHAR PRIMARY KEY,
-        prompt_id VARCHAR,
-        chosen_rollout_id VARCHAR,
-        rejected_rollout_id VARCHAR,
-        origin VARCHAR,
-        margin DOUBLE,
-        status VARCHAR,
+    "pair_builds": """
+        build_id VARCHAR PRIMARY KEY,   -- one run of a pair rule (schema 5)
+        rule VARCHAR NOT NULL,          -- best_vs_worst | correct_vs_incorrect | all_pairs
+        level VARCHAR NOT NULL,         -- completion (groups) | step (fork siblings)
+        params JSON,                    -- the rule's options
+        scope JSON,                     -- the rollout filter / run ids it ran over
+        rule_version_id VARCHAR,        -- whose rewards it compared
+        created_at TIMESTAMP,
+        n_pairs INTEGER                 -- pairs it added (pairs already stored are not added again)
+    """,
+    "pairs": """
+        pair_id VARCHAR NOT NULL,       -- 'pr' + hash of kind, chosen and rejected rollout ids (schema 5); unique,
+                                        -- kept so by the code that adds pairs (an index makes a million inserts slow)
+        prompt_id VARCHAR NOT NULL,
+        chosen_rollout_id VARCHAR NOT NULL,   -- as built; swapped = true exports them the other way round
+        rejected_rollout_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,          -- completion | step (fork siblings: same prefix, different continuation)
+        prefix VARCHAR,                 -- step pairs: the completion text both share; exports append it to the prompt
+        prefix_tokens INTEGER,          -- step pairs: the shared prefix in tokens
+        rule VARCHAR,                   -- the pair rule, or 'hand'
+        params JSON,                    -- the rule's options
+        build_id VARCHAR,               -- pair_builds row (NULL for hand-picked pairs)
+        rule_version_id VARCHAR,        -- the rewards compared
+        chosen_reward DOUBLE,           -- total rewards under rule_version_id when the pair was made
+        rejected_reward DOUBLE,         --   (a later difference marks the pair stale)
+        margin DOUBLE,                  -- chosen_reward - rejected_reward
+        status VARCHAR NOT NULL,        -- pending | accepted | rejected
+        swapped BOOLEAN NOT NULL,       -- a reviewer reversed the preference
+        note VARCHAR,
+        reviewer VARCHAR,               -- who decided last
+        decided_at TIMESTAMP,
+        created_at TIMESTAMP,
+        source VARCHAR NOT NULL         -- rule | hand
+    """,
+    "exports": """
+        export_id VARCHAR PRIMARY KEY,  -- one written (or downloaded) data set (schema 5)
+        created_at TIMESTAMP,
+        path VARCHAR,                   -- where it was written; 'download:<file name>' for a download
+        format VARCHAR,                 -- preference | unpaired | stepwise
+        style VARCHAR,                  -- standard | conversational
+        filetype VARCHAR,               -- jsonl | parquet | datasets
+        n_rows INTEGER,
+        n_pairs INTEGER,
+        sha256 VARCHAR,                 -- of the file (a datasets folder: of its files in name order)
+        provenance JSON                 -- the sidecar's summary (runs, policies, versions, rules, filters, decisions)
+    """,
+    "export_pairs": """
+        export_id VARCHAR NOT NULL,     -- the pairs an export carried, with their decisions then (schema 5)
+        pair_id VARCHAR NOT NULL,
+        swapped BOOLEAN,                -- exported the other way round (pairs keeps the rollouts as built)
+        reviewer VARCHAR,
+        decided_at TIMESTAMP,
         note VARCHAR
     """,
 }
@@ -125,6 +169,19 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE runs ADD COLUMN IF NOT EXISTS error VARCHAR",
         "ALTER TABLE tokens ADD COLUMN IF NOT EXISTS train_weight FLOAT",
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS train_advantage DOUBLE",
+    ],
+    5: [  # curated preference data: pairs, the rule runs that built them, exports. The old placeholder
+        # `preferences` table (never written by the studio) is carried into `pairs`, then dropped.
+        f"CREATE TABLE IF NOT EXISTS pairs ({TABLES['pairs']})",
+        """CREATE TABLE IF NOT EXISTS preferences (pair_id VARCHAR PRIMARY KEY, prompt_id VARCHAR,
+               chosen_rollout_id VARCHAR, rejected_rollout_id VARCHAR, origin VARCHAR, margin DOUBLE,
+               status VARCHAR, note VARCHAR)""",
+        """INSERT INTO pairs (pair_id, prompt_id, chosen_rollout_id, rejected_rollout_id, kind, rule,
+                                        margin, status, swapped, note, source)
+           SELECT pair_id, coalesce(prompt_id, ''), coalesce(chosen_rollout_id, ''), coalesce(rejected_rollout_id, ''),
+                  'completion', coalesce(origin, 'hand'), margin, coalesce(status, 'pending'), false, note, 'hand'
+           FROM preferences WHERE pair_id NOT IN (SELECT pair_id FROM pairs)""",
+        "DROP TABLE preferences",
     ],
 }
 

@@ -106,7 +106,10 @@ class Store:
 
     def _check_and_migrate(self) -> None:
         try:
-            row = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            # fetchall, not fetchone: an unfinished result keeps the connection's transaction open, and
+            # then DuckDB can never checkpoint (the WAL grows, CHECKPOINT fails while the store is open)
+            rows = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+            row = rows[0] if rows else None
         except duckdb.Error:
             raise StoreError(
                 f"{self.path} is a DuckDB file but not a Rollout Studio store (no meta table); "
@@ -179,6 +182,9 @@ class Store:
         finally:
             if timer:
                 timer.cancel()
+            # a result left unfinished (fetchone) keeps a transaction open and aborts the process when the
+            # store closes before the cursor is collected (DuckDB 2): every read ends here
+            cur.close()
 
     # -- writing -------------------------------------------------------------------------
     @contextmanager

@@ -193,7 +193,7 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "4"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "5"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.counts() == counts
     s.close()
@@ -212,7 +212,7 @@ def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
         cur.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "4"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "5"
     assert s.df("SELECT logprob, entropy, value FROM token_scores").values.tolist()[0][:2] == [-0.5, 0.25]
     assert s.scalar("SELECT value FROM token_scores") is None
     s.close()
@@ -231,8 +231,38 @@ def test_a_schema_3_store_gains_the_training_columns_and_keeps_its_rows(tmp_path
         cur.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "4"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "5"
     assert s.scalar("SELECT count(*) FROM tokens WHERE train_weight IS NULL") == n
     assert s.scalar("SELECT count(*) FROM rollouts WHERE train_advantage IS NULL") == 512
     assert s.scalar("SELECT count(error) FROM runs") == 0
+    s.close()
+
+
+def test_a_schema_4_store_gains_the_curation_tables_and_keeps_its_preference_rows(tmp_path):
+    from sample_data import ROLLOUTS_DIR
+
+    path = tmp_path / "v4.duckdb"
+    s = Store.open(path, seed_dir=ROLLOUTS_DIR)
+    counts = s.counts()
+    with s.transaction() as cur:  # what a schema-4 file looks like: the placeholder preferences table, no curation
+        for table in ("pairs", "pair_builds", "exports", "export_pairs"):
+            cur.execute(f"DROP TABLE {table}")
+        cur.execute("CREATE TABLE preferences (pair_id VARCHAR PRIMARY KEY, prompt_id VARCHAR, "
+                    "chosen_rollout_id VARCHAR, rejected_rollout_id VARCHAR, origin VARCHAR, margin DOUBLE, "
+                    "status VARCHAR, note VARCHAR)")
+        cur.execute("INSERT INTO preferences VALUES ('pr1', 'p1', 'ra', 'rb', 'hand', 0.5, 'accepted', 'kept')")
+        cur.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    s.close()
+    s = Store.open(path)
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "5"
+    assert s.counts() == counts
+    row = s.df("SELECT * FROM pairs").iloc[0]
+    assert (row["pair_id"], row["chosen_rollout_id"], row["rejected_rollout_id"], row["status"], row["note"],
+            row["kind"], row["source"], bool(row["swapped"])) == ("pr1", "ra", "rb", "accepted", "kept", "completion",
+                                                                  "hand", False)
+    assert s.scalar("SELECT count(*) FROM information_schema.tables WHERE table_name = 'preferences'") == 0
+    assert s.scalar("SELECT count(*) FROM pair_builds") == s.scalar("SELECT count(*) FROM exports") == 0
+    s.close()
+    s = Store.open(path)  # opening again changes nothing
+    assert s.scalar("SELECT count(*) FROM pairs") == 1
     s.close()
