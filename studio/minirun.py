@@ -336,7 +336,8 @@ def _handle(store: Store, st: RunState, msg: dict, task, vid: str) -> bool:
 def write_step(store: Store, run_id: str, task, out, vid: str, golds: list[dict]) -> None:
     """One training step's rollouts, tokens, rewards and metrics: one transaction."""
     prompts = [Prompt(t, g) for t, g in zip(out.prompts, golds)]
-    rollouts, tokens = generation_rows(run_id, task, prompts, out.generations, f"{run_id}@{out.step - 1}",
+    lag = int(out.metrics.get("staleness", 0) or 0)  # overlapped sampling: drawn by the weights `lag` updates back
+    rollouts, tokens = generation_rows(run_id, task, prompts, out.generations, f"{run_id}@{out.step - 1 - lag}",
                                        train_step=out.step)
     rollouts["train_advantage"] = np.asarray(out.advantages, dtype=np.float64)
     weights = np.concatenate(out.token_weights) if out.token_weights else np.zeros(0)

@@ -72,6 +72,9 @@ class MiniRunConfig:
                              "bigger models")
     lora_r: int = _f(8, "LoRA rank", 1, 256)
     checkpoint_every: int = _f(10, "save a checkpoint every k steps (and at the end)", 1, 100_000)
+    overlap: bool = _f(True, "sample the next batch in a second process while this one trains (on a CPU with 2+ "
+                             "cores; one step off-policy: the sampler's log-probs are π_old, so the clipped ratio "
+                             "corrects the lag, as in PipelineRL and AReaL); off: strictly on-policy")
 
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` naming every setting out of range."""
@@ -174,6 +177,109 @@ class RewardFn:
         return out, [(int(r), k, v) for r, k, v in steps], errors
 
 
+# ---------------------------------------------------------------------------- overlapped sampling
+
+def _picked(prompts: list, order: np.ndarray, step: int, per_step: int) -> list:
+    lo = (step - 1) * per_step
+    return [prompts[int(i)] for i in order[lo:lo + per_step]]
+
+
+def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
+                   order: np.ndarray, first: int, out, stop, parent_pid: int) -> None:
+    """The overlapped sampler: batch ``b`` is sampled with the weights after step ``b - 2``
+    (read from ``buffers[(b - 2) % 2]`` once ``published`` reaches that step), so it runs
+    while the trainer takes step ``b - 1``, and which weights sampled which batch does not
+    depend on timing. Puts ``(b, generations, prompt ids, seconds)`` on ``out`` (at most one
+    batch ahead), or ``("error", message)``."""
+    import torch
+
+    from backends import load_policy
+    from backends.device import cpu_threads
+
+    _exit_with_parent(parent_pid)
+    try:
+        torch.set_num_threads(cpu_threads())
+        cfg = MiniRunConfig.from_dict(cfg_dict)
+        policy = load_policy(folder)
+        tok, model = policy.tokenizer, policy.model
+        texts = [p["text"] for p in prompts_json]
+        for b in range(first, cfg.steps + 1):
+            v = max(first - 1, b - 2)
+            while published.value < v:
+                if stop.is_set():
+                    return
+                time.sleep(0.001)
+            if stop.is_set():
+                return
+            with torch.no_grad():
+                for name, t in model.state_dict().items():
+                    t.copy_(buffers[v % 2][name])
+            t0 = time.perf_counter()
+            picked = [texts[int(i)] for i in order[(b - 1) * cfg.prompts_per_step:b * cfg.prompts_per_step]]
+            gens = policy.sample(picked, n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + b, top_k_stats=5)
+            p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
+            out.put((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))
+    except BaseException as exc:  # the trainer reports it as the run's error
+        out.put(("error", f"the sampling process failed: {type(exc).__name__}: {exc}"))
+
+
+class OverlappedSampler:
+    """The trainer's side of :func:`sampler_worker`: ``publish`` after each optimiser step,
+    ``next_batch`` for the step's generations, ``close`` at the end."""
+
+    def __init__(self, model, folder: str, cfg: MiniRunConfig, prompts_json: list[dict], order: np.ndarray,
+                 first: int):
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+        sd = model.state_dict()
+        self.buffers = [{k: v.detach().clone().share_memory_() for k, v in sd.items()} for _ in range(2)]
+        self.published = ctx.Value("i", first - 2, lock=False)
+        self.out, self.stop = ctx.Queue(maxsize=1), ctx.Event()
+        self.publish(model, first - 1)
+        self.proc = ctx.Process(target=sampler_worker, daemon=True, name="minirun-sampler", args=(
+            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, self.out, self.stop,
+            os.getpid()))
+        self.proc.start()
+
+    def publish(self, model, step: int) -> None:
+        """Make the weights after ``step`` available to the sampler."""
+        import torch
+
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                self.buffers[step % 2][name].copy_(t)
+        self.published.value = step
+
+    def next_batch(self, step: int):
+        import queue as queue_mod
+
+        while True:
+            try:
+                msg = self.out.get(timeout=1.0)
+            except queue_mod.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode})") from None
+                continue
+            if msg[0] == "error":
+                raise RuntimeError(msg[1])
+            if msg[0] != step:
+                raise RuntimeError(f"the sampler sent batch {msg[0]} for step {step}")
+            return msg[1:]
+
+    def close(self) -> None:
+        self.stop.set()
+        try:
+            while True:
+                self.out.get_nowait()
+        except Exception:
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
 # ---------------------------------------------------------------------------- the worker
 
 def _exit_with_parent(parent: int) -> None:
@@ -222,8 +328,6 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     import torch
 
     from backends import load_policy
-    from backends.trainer import (StepOutput, backward, completion_logps, entropy_threshold, grad_norm, length_buckets,
-                                  micro_batches)
 
     from .tasks import Prompt, get_task
 
@@ -259,13 +363,41 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     order = np.concatenate(order)
     last_ckpt = start_step - 1
     step = start_step
+    overlap = cfg.overlap and not cfg.lora and device == "cpu" and (os.cpu_count() or 1) >= 2
+    sampler = OverlappedSampler(model, resume_from or policy_path, cfg, prompts_json, order, start_step) \
+        if overlap else None
+    try:
+        step, last_ckpt = _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn,
+                                 task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
+    finally:
+        if sampler is not None:
+            sampler.close()
+    if step is None:  # stopped
+        return
+    if last_ckpt != step:
+        queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
+    queue.put({"type": "done", "status": "done", "step": step})
+
+
+def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn, task, pad, device,
+           sampler, queue, stop, ckpt_dir, last_ckpt):
+    """The training loop; returns (last step, last checkpoint), or (None, …) when stopped."""
+    import torch
+
+    from backends.trainer import (StepOutput, backward, completion_logps, entropy_threshold, grad_norm, length_buckets,
+                                  micro_batches)
+
+    step = start_step
     for step in range(start_step, cfg.steps + 1):
         t0 = time.perf_counter()
-        lo = (step - 1) * cfg.prompts_per_step
-        picked = [prompts[int(i)] for i in order[lo:lo + cfg.prompts_per_step]]
-        gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
-                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
-        t_sample = time.perf_counter() - t0
+        picked = _picked(prompts, order, step, cfg.prompts_per_step)
+        if sampler is None:
+            gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
+            p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
+            t_sample, lag = time.perf_counter() - t0, 0
+        else:  # sampled while the last step trained: only the wait counts here
+            gens, p_ids, t_sample, lag = sampler.next_batch(step)
         rewards, step_rewards, reward_errors = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
         groups = np.array([g.prompt_index for g in gens])
@@ -273,7 +405,6 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
         thr = entropy_threshold([g.entropies for g in gens], cfg.entropy_q)
         emasks = [np.ones(g.n_tokens, np.float32) if thr is None else (g.entropies >= thr).astype(np.float32)
                   for g in gens]
-        p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
         c_ids = [g.token_ids.tolist() for g in gens]
         C = max(1, max(len(c) for c in c_ids))
         em = torch.zeros(len(gens), C, device=device)
@@ -285,10 +416,15 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
                    else [np.arange(len(gens))])
         batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None)
         with torch.no_grad():
-            for mb in batches:
-                # π_old: with one update per batch it is the forward pass itself, detached (as TRL)
-                if cfg.iterations > 1:
+            for mb, idx in zip(batches, buckets):
+                if lag:  # π_old is the policy that sampled: its recorded log-probs (the ratio corrects the lag)
+                    mb.old_logps = torch.zeros(len(idx), mb.entropy_mask.shape[1] if mb.entropy_mask is not None
+                                               else max(1, max(map(len, mb.completion_ids))), device=device)
+                    for r, i in enumerate(idx):
+                        mb.old_logps[r, :gens[i].n_tokens] = torch.from_numpy(gens[i].logprobs)
+                elif cfg.iterations > 1:  # on-policy: π_old is this policy before the updates
                     mb.old_logps = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad)[0]
+                # else: one update on-policy, π_old is the forward pass itself, detached (as TRL)
                 if ref is not None:
                     mb.ref_logps = completion_logps(ref, mb.prompt_ids, mb.completion_ids, pad)[0]
         stats_all, gnorm = [], 0.0
@@ -300,6 +436,8 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             stats_all.append(stats | {"loss": loss})
+        if sampler is not None:
+            sampler.publish(model, step)
         n_tok = float(sum(len(c) for c in c_ids))
         equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
         comps = sorted({k for r in rewards for k in r})
@@ -312,7 +450,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
             "completion_len": float(np.mean([g.n_tokens for g in gens])),
             "all_equal_share": len(equal) / max(1, len(set(groups.tolist()))),
             "entropy_threshold": float("nan") if thr is None else thr,
-            "sample_s": t_sample, "step_s": time.perf_counter() - t0,
+            "sample_s": t_sample, "staleness": float(lag), "step_s": time.perf_counter() - t0,
         }
         for c in comps:
             if c != "total":
@@ -337,10 +475,8 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
             last_ckpt = step
         if stopping:
             queue.put({"type": "done", "status": "stopped", "step": step})
-            return
-    if last_ckpt != step:
-        queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
-    queue.put({"type": "done", "status": "done", "step": step})
+            return None, last_ckpt
+    return step, last_ckpt
 
 
 def save_checkpoint(model, tok, opt, ckpt_dir: str, step: int, cfg: MiniRunConfig) -> str:

@@ -231,6 +231,34 @@ def test_sigkill_mid_step_leaves_whole_steps_and_resumes(store):
     assert json.loads(store.scalar("SELECT config FROM runs WHERE run_id = ?", [run_id]))["steps"] == 24
 
 
+def test_overlapped_sampling_is_one_step_behind_and_on_policy_is_not(store):
+    """With ``overlap`` the batch of step b is sampled by the weights after step b - 2 in a
+    second process: step 2's rollouts come from the starting policy (their stored log-probs
+    are its teacher-forced ones) and carry that version; with it off, every step samples
+    with the current weights."""
+    from backends import load_policy
+
+    small = dict(steps=3, prompts_per_step=2, group_size=4, checkpoint_every=3)
+    runs = {}
+    for overlap in (True, False):
+        rid = minirun.start(store, MiniRunConfig(overlap=overlap, **small), name=f"overlap {overlap}")
+        st = minirun.wait(rid, 300)
+        assert st.status == "done", st.error
+        runs[overlap] = rid
+    lag = {o: minirun.metrics(store, [r]).query("metric == 'staleness'")["value"].tolist() for o, r in runs.items()}
+    assert lag == {True: [0.0, 1.0, 1.0], False: [0.0, 0.0, 0.0]}
+    versions = store.df("SELECT DISTINCT train_step, policy_version FROM rollouts WHERE run_id = ? ORDER BY 1",
+                        [runs[True]])["policy_version"].tolist()
+    assert versions == [f"{runs[True]}@0", f"{runs[True]}@0", f"{runs[True]}@1"]
+    df = store.df("""SELECT ro.rollout_id, p.text AS prompt, list(t.token_id ORDER BY t.pos) AS ids,
+                            list(t.logprob ORDER BY t.pos) AS lp
+                     FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN tokens t USING (rollout_id)
+                     WHERE ro.run_id = ? AND ro.train_step = 2 GROUP BY ALL""", [runs[True]])
+    scored = load_policy(POLICY_DIR).score(df["prompt"].tolist(), [list(map(int, x)) for x in df["ids"]])
+    for g, lp in zip(scored, df["lp"]):
+        assert np.allclose(g.logprobs, np.asarray(lp, np.float32), atol=1e-4)
+
+
 def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     db = str(tmp_path / "cli.duckdb")
     assert minirun.main(["--db", db, "--group-size", "1"]) == 2
