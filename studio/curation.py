@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         p = common(sub.add_parser(name, help=help_))
         p.add_argument("--pair", action="append", default=None, help="a pair id (repeatable)")
         p.add_argument("--build", default=None, help="every pair of this build")
-        p.add_argument("--pending-only", action="store_true", help="with --build: only its pending pairs")
+        p.add_argument("--all", dest="all_pairs", action="store_true",
+                       help="with --build: every pair of the build, decided ones too (default: its pending pairs, "
+                            "so a person's decisions stand)")
         p.add_argument("--reviewer", default=None, help="who decided (default: the login name)")
     common(sub.add_parser("status", help="review progress and builds"))
     e = common(sub.add_parser("export", help="write accepted pairs in a TRL format"))
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("error: give --pair ID (repeatable) or --build ID", file=sys.stderr)
                 return 2
             n = decide(store, "accepted" if args.cmd == "accept" else "rejected", args.pair, build_id=args.build,
-                       reviewer=args.reviewer, only_pending=args.pending_only)
+                       reviewer=args.reviewer, only_pending=not args.all_pairs)
             print(f"{args.cmd}ed {n} pairs")
             return 0
         if args.cmd == "status":

@@ -520,14 +520,26 @@ def export_bytes(store: Store, format: str = "preference", filetype: str = "json
     A ``datasets`` folder comes as a ``.zip`` of the folder with ``provenance.json`` inside.
     Takes :func:`export`'s options; recorded in ``exports`` with path ``download:<name>``.
     """
+    name, data, prov, _ = _download(store, format, filetype, style, filename, **options)
+    return name, data, prov
+
+
+def export_download(store: Store, format: str = "preference", filetype: str = "jsonl", style: str = "standard",
+                    filename: str | None = None, **options) -> tuple[str, bytes, dict, bytes]:
+    """:func:`export_bytes` plus the provenance sidecar's bytes (the browser offers both
+    files; a ``datasets`` zip also holds it as ``provenance.json``)."""
+    return _download(store, format, filetype, style, filename, **options)
+
+
+def _download(store, format, filetype, style, filename, **options) -> tuple[str, bytes, dict, bytes]:
     if filetype not in FILETYPES:
         raise CurationError(f"file type must be one of {', '.join(FILETYPES)}, got {filetype!r}")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    suffix = {"jsonl": ".jsonl", "parquet": ".parquet", "datasets": ""}[filetype]
-    name = filename or f"{format}-{style}-{stamp}{suffix}"
+    name = filename or f"{format}-{style}-{stamp}" + {"jsonl": ".jsonl", "parquet": ".parquet", "datasets": ""}[filetype]
     res = export(store, name, format, style, filetype, _download=name, **options)
     path = res._tmpdir / name
     try:
+        sidecar = sidecar_of(path).read_bytes()
         if filetype == "datasets":
             buf = io.BytesIO()
             with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -535,8 +547,8 @@ def export_bytes(store: Store, format: str = "preference", filetype: str = "json
                     if f.is_file():
                         zf.write(f, f"{name}/{f.relative_to(path).as_posix()}")
                 zf.write(sidecar_of(path), f"{name}/provenance.json")
-            return f"{name}.zip", buf.getvalue(), res.provenance
-        return name, path.read_bytes(), res.provenance
+            return f"{name}.zip", buf.getvalue(), res.provenance, sidecar
+        return name, path.read_bytes(), res.provenance, sidecar
     finally:
         shutil.rmtree(res._tmpdir, ignore_errors=True)
 

@@ -461,14 +461,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     st, shown = state_of(run_id), 0
     try:
+        shown = st.first_step - 1
         while st.live or shown < st.step:
-            if st.step > shown:
-                shown = st.step
+            if st.step > shown:  # every step stored since the last look, in order
                 m = metrics(store, [run_id])
-                last = m[m["train_step"] == shown].set_index("metric")["value"]
-                print(f"step {shown}/{st.total_steps}: reward {last.get('reward_mean', float('nan')):.3f} · accuracy "
-                      f"{last.get('accuracy', float('nan')):.3f} · entropy {last.get('entropy', float('nan')):.3f} · "
-                      f"{last.get('step_s', float('nan')):.2f} s", flush=True)
+                for k in range(shown + 1, st.step + 1):
+                    last = m[m["train_step"] == k].set_index("metric")["value"]
+                    print(f"step {k}/{st.total_steps}: reward {last.get('reward_mean', float('nan')):.3f} · accuracy "
+                          f"{last.get('accuracy', float('nan')):.3f} · entropy {last.get('entropy', float('nan')):.3f} · "
+                          f"{last.get('step_s', float('nan')):.2f} s", flush=True)
+                shown = st.step
             time.sleep(0.2)
     except KeyboardInterrupt:
         stop(run_id)

@@ -77,8 +77,9 @@ class PairRule:
                                     "(default: no limit)")
     per_prompt_cap: int | None = _f(None, "at most this many pairs per prompt, largest margins first "
                                     "(default: no cap)")
-    dedupe: bool = _f(True, "identical completions (same prompt, same text) count once, and the same two texts "
-                      "make one pair per prompt, stored pairs included")
+    dedupe: bool = _f(True, "identical completions (same prompt, same text) count once (the first made stands "
+                      "for them), and the same two texts make one pair per prompt in either order, stored pairs "
+                      "included (no A > B beside B > A)")
     within: str = _f("group", "completion level: pair within each sampled group, or across every completion of "
                      "a prompt", ("group", "prompt"))
     correct_component: str = _f("accuracy", "correct_vs_incorrect: the reward component that says a completion "
@@ -201,10 +202,13 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
     # a chance of about n² / 2^64
     ctes.append(f"""sc AS (
             SELECT {set_key} AS set_key, ro.rollout_id, ro.prompt_id, ro.n_tokens, hash(ro.text) AS th,
+                   ro.created_at AS made,
                    tot.value AS reward{', cc.value AS cval' if correct else ''}{', ro.text' if step else ''}
             {source})""")
-    if rule.dedupe:  # identical completions of one set count once: the smallest id stands for them
-        ctes.append("u AS (SELECT * FROM sc WHERE rollout_id IN (SELECT min(rollout_id) FROM sc GROUP BY set_key, th))")
+    if rule.dedupe:  # identical completions of one set count once: the first made stands for them (at a fork:
+        # the rollout the branches continue, before a branch that repeats it), then the smallest id
+        ctes.append("""u AS (SELECT * FROM sc
+                            QUALIFY row_number() OVER (PARTITION BY set_key, th ORDER BY made, rollout_id) = 1)""")
     else:
         ctes.append("u AS (SELECT * FROM sc)")
     texts = ", a.text AS ctext, b.text AS rtext" if step else ""
@@ -255,8 +259,9 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
             WHERE p.prompt_id IN (SELECT prompt_id FROM {picked}))""")
         ctes.append(f"""dd AS (
             SELECT * FROM {picked} x
-            WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.prompt_id = x.prompt_id AND s.cth = x.cth
-                              AND s.rth = x.rth AND s.prefix = coalesce(x.prefix, '')
+            WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.prompt_id = x.prompt_id
+                              AND ((s.cth = x.cth AND s.rth = x.rth) OR (s.cth = x.rth AND s.rth = x.cth))
+                              AND s.prefix = coalesce(x.prefix, '')
                               AND NOT (s.chosen_rollout_id = x.chosen AND s.rejected_rollout_id = x.rejected))
             QUALIFY row_number() OVER (PARTITION BY prompt_id, cth, rth, coalesce(prefix, '') ORDER BY {order}) = 1)""")
         picked = "dd"

@@ -189,8 +189,9 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
     """The overlapped sampler: batch ``b`` is sampled with the weights after step ``b - 2``
     (read from ``buffers[(b - 2) % 2]`` once ``published`` reaches that step), so it runs
     while the trainer takes step ``b - 1``, and which weights sampled which batch does not
-    depend on timing. Puts ``(b, generations, prompt ids, seconds)`` on ``out`` (at most one
-    batch ahead), or ``("error", message)``."""
+    depend on timing. Sends ``(b, generations, prompt ids, seconds, lag)`` on the pipe end
+    ``out`` (a send blocks until the trainer reads: at most one batch ahead), or
+    ``("error", message)``."""
     import torch
 
     from backends import load_policy
@@ -198,7 +199,7 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
 
     _exit_with_parent(parent_pid)
     try:
-        torch.set_num_threads(cpu_threads())
+        torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
         cfg = MiniRunConfig.from_dict(cfg_dict)
         policy = load_policy(folder)
         tok, model = policy.tokenizer, policy.model
@@ -219,9 +220,16 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
             gens = policy.sample(picked, n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + b, top_k_stats=5)
             p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
-            out.put((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))
+            if stop.is_set():
+                return
+            out.send((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))  # blocks until the trainer reads
+    except (BrokenPipeError, EOFError):  # the trainer is gone
+        return
     except BaseException as exc:  # the trainer reports it as the run's error
-        out.put(("error", f"the sampling process failed: {type(exc).__name__}: {exc}"))
+        try:
+            out.send(("error", f"the sampling process failed: {type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
 
 
 class OverlappedSampler:
@@ -236,12 +244,14 @@ class OverlappedSampler:
         sd = model.state_dict()
         self.buffers = [{k: v.detach().clone().share_memory_() for k, v in sd.items()} for _ in range(2)]
         self.published = ctx.Value("i", first - 2, lock=False)
-        self.out, self.stop = ctx.Queue(maxsize=1), ctx.Event()
+        self.inbox, out = ctx.Pipe(duplex=False)
+        self.stop = ctx.Event()
         self.publish(model, first - 1)
         self.proc = ctx.Process(target=sampler_worker, daemon=True, name="minirun-sampler", args=(
-            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, self.out, self.stop,
+            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, out, self.stop,
             os.getpid()))
         self.proc.start()
+        out.close()  # only the sampler holds the write end: its death reads as end-of-file, never as a hang
 
     def publish(self, model, step: int) -> None:
         """Make the weights after ``step`` available to the sampler."""
@@ -253,15 +263,17 @@ class OverlappedSampler:
         self.published.value = step
 
     def next_batch(self, step: int):
-        import queue as queue_mod
-
         while True:
             try:
-                msg = self.out.get(timeout=1.0)
-            except queue_mod.Empty:
-                if not self.proc.is_alive():
-                    raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode})") from None
-                continue
+                if not self.inbox.poll(1.0):
+                    if not self.proc.is_alive():
+                        raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode})")
+                    continue
+                msg = self.inbox.recv()
+            except EOFError:
+                self.proc.join(timeout=5)
+                raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode}) while sending "
+                                   f"the batch of step {step}") from None
             if msg[0] == "error":
                 raise RuntimeError(msg[1])
             if msg[0] != step:
@@ -270,14 +282,16 @@ class OverlappedSampler:
 
     def close(self) -> None:
         self.stop.set()
-        try:
-            while True:
-                self.out.get_nowait()
-        except Exception:
+        try:  # take a batch the sampler may be blocked sending, so it can see the stop
+            while self.inbox.poll(0.2):
+                self.inbox.recv()
+        except (EOFError, OSError):
             pass
         self.proc.join(timeout=5)
         if self.proc.is_alive():
             self.proc.kill()
+            self.proc.join(timeout=5)
+        self.inbox.close()
 
 
 # ---------------------------------------------------------------------------- the worker
@@ -364,15 +378,18 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     last_ckpt = start_step - 1
     step = start_step
     overlap = cfg.overlap and not cfg.lora and device == "cpu" and (os.cpu_count() or 1) >= 2
-    sampler = OverlappedSampler(model, resume_from or policy_path, cfg, prompts_json, order, start_step) \
-        if overlap else None
+    sampler = None
+    if overlap:
+        torch.set_num_threads(max(1, cpu_threads() // 2))  # the threads left to models, split with the sampler
+        sampler = OverlappedSampler(model, resume_from or policy_path, cfg, prompts_json, order, start_step)
     try:
         step, last_ckpt = _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn,
                                  task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
     finally:
         if sampler is not None:
-            sampler.close()
+            sampler.close()  # before the run is reported ended: nothing of it runs on after
     if step is None:  # stopped
+        queue.put({"type": "done", "status": "stopped", "step": last_ckpt})
         return
     if last_ckpt != step:
         queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
@@ -396,7 +413,7 @@ def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
             p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
             t_sample, lag = time.perf_counter() - t0, 0
-        else:  # sampled while the last step trained: only the wait counts here
+        else:  # sampled while the last step trained (sample_s: the sampler's own time, overlapped)
             gens, p_ids, t_sample, lag = sampler.next_batch(step)
         rewards, step_rewards, reward_errors = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
@@ -474,7 +491,6 @@ def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt
             queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
             last_ckpt = step
         if stopping:
-            queue.put({"type": "done", "status": "stopped", "step": step})
             return None, last_ckpt
     return step, last_ckpt
 

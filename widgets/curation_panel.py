@@ -21,7 +21,7 @@ import panel as pn
 import param
 
 from studio import pairs, queries
-from studio.export import FILETYPES, FORMATS, STYLES, export_bytes, exports
+from studio.export import FILETYPES, FORMATS, STYLES, export_download, exports
 
 from .lazy import LazyView
 from .state import StudioState, run_choices
@@ -183,6 +183,8 @@ class CurationPanel(LazyView):
         self._export.on_click(self._on_export)
         self._download = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="nothing.jsonl", visible=False,
                                                  button_type="success", width=300, css_classes=["export-download"])
+        self._download_prov = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="provenance.json", visible=False,
+                                                      button_type="light", width=300, css_classes=["export-provenance"])
         self._export_msg = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                         css_classes=["export-message"])
         self._exports = pn.pane.HTML("", stylesheets=[CSS, REVIEW_CSS], sizing_mode="stretch_width",
@@ -197,7 +199,7 @@ class CurationPanel(LazyView):
             pn.layout.Divider(), head("hand-pick from the table or the group view"), self._pick_info,
             pn.Row(self._pick_chosen, self._pick_rejected), self._pick_add,
             pn.layout.Divider(), head("export accepted pairs"), pn.Row(self._format, self._style, self._filetype),
-            self._skip_stale, self._export, self._download, self._export_msg, self._exports,
+            self._skip_stale, self._export, self._download, self._download_prov, self._export_msg, self._exports,
             width=350, css_classes=["curation-build"])
         review = pn.Column(
             pn.Row(pn.widgets.Select.from_param(self.param.show, name="queue", width=150, css_classes=["review-show"]),
@@ -220,7 +222,7 @@ class CurationPanel(LazyView):
         if self._scope.value not in scopes.values():
             self._scope.value = "all"
         vs = store.df("SELECT rule_version_id FROM rule_versions ORDER BY created_at DESC, rule_version_id")
-        opts = {"the scope's newest version": ""} | {v: v for v in vs["rule_version_id"]}
+        opts = {"default: the task's rule (else the one that scored most)": ""} | {v: v for v in vs["rule_version_id"]}
         self._version.options = opts
         if self._version.value not in opts.values():
             self._version.value = ""
@@ -296,13 +298,16 @@ class CurationPanel(LazyView):
             return
         if pair is None:
             return
-        if key == "a":
-            pairs.accept(store, [pair["pair_id"]], reviewer=_user())
-        elif key == "r":
-            pairs.reject(store, [pair["pair_id"]], reviewer=_user())
-        elif key == "s":
-            pairs.swap(store, [pair["pair_id"]], reviewer=_user())
-        self._reload(advance=key in "ar")
+        try:
+            if key == "a":
+                pairs.accept(store, [pair["pair_id"]], reviewer=_user())
+            elif key == "r":
+                pairs.reject(store, [pair["pair_id"]], reviewer=_user())
+            elif key == "s":
+                pairs.swap(store, [pair["pair_id"]], reviewer=_user())
+            self._reload(advance=key in "ar")
+        except Exception as exc:  # a query timeout, a store error: say so, keep the page
+            self._card.object = banner("error", f"could not record that: {type(exc).__name__}: {exc}")
 
     def _on_note(self, event=None) -> None:
         pair = self._current()
@@ -395,13 +400,22 @@ class CurationPanel(LazyView):
     # -- export -------------------------------------------------------------------------------
     def _on_export(self, event=None) -> None:
         try:
-            name, data, prov = export_bytes(self.state.store, self._format.value, self._filetype.value,
-                                            self._style.value, skip_stale=bool(self._skip_stale.value))
+            name, data, prov, sidecar = export_download(self.state.store, self._format.value, self._filetype.value,
+                                                        self._style.value, skip_stale=bool(self._skip_stale.value))
         except pairs.CurationError as exc:
-            self._download.visible = False
+            self._download.visible = self._download_prov.visible = False
             self._export_msg.object = banner("error", str(exc))
             return
+        except Exception as exc:  # a disk or store error: say which, keep the page
+            self._download.visible = self._download_prov.visible = False
+            self._export_msg.object = banner("error", f"export failed: {type(exc).__name__}: {exc}")
+            return
         self._download.param.update(file=io.BytesIO(data), filename=name, label=f"Download {name}", visible=True)
+        if not name.endswith(".zip"):  # the zip of a datasets folder holds it already
+            self._download_prov.param.update(file=io.BytesIO(sidecar), filename=f"{name}.provenance.json",
+                                             label="Download its provenance (.json)", visible=True)
+        else:
+            self._download_prov.visible = False
         rows = prov["rows"]
         self._export_msg.object = banner("info", f"{rows} rows of {self._format.value} ({self._style.value}) ready: "
                                                  f"{len(data):,} bytes, provenance recorded in the store"

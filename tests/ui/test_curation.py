@@ -60,6 +60,12 @@ def test_build_review_and_download_two_pairs(page, tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(rows, key=json.dumps) == sorted([first, second], key=json.dumps)
     wait_text(page, page.locator(".export-list"), "preference")
+    # and its provenance: the two accepted pairs' decisions, the rule, the file's hash
+    with page.expect_download(timeout=30_000) as dl:
+        page.locator(".export-provenance button").click()
+    prov = json.loads(open(dl.value.path()).read())
+    assert dl.value.suggested_filename == f"{path.name}.provenance.json"
+    assert prov["rows"] == 2 and "best_vs_worst" in json.dumps(prov)
 
 
 def picked(page, side: str) -> str:
