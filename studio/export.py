@@ -381,8 +381,9 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
                             if k in reasons)
             raise StalePairsError(
                 f"{len(skipped)} of {sel.num_rows} accepted pairs are stale ({why}), e.g. "
-                f"{skipped['pair_id'].iloc[0]}: {skipped['stale_detail'].iloc[0]}. Review them again (rebuild the rule "
-                "for the new rewards), or export without them (skip stale pairs); nothing was written", skipped)
+                f"{skipped['pair_id'].iloc[0]}: {skipped['stale_detail'].iloc[0]}. Build the rule again (a re-scored pair "
+                "takes the new rewards and returns to review), reject them, or export without them (skip stale pairs); "
+                "nothing was written", skipped)
         sel = sel.filter(pc.invert(stale_mask)).drop_columns(["stale", "stale_detail"])
         if sel.num_rows == 0:
             raise NothingToExport(f"nothing to export: all {len(skipped)} matching accepted pairs are stale")

@@ -301,6 +301,8 @@ def build_pairs(store: Store, rule: PairRule = PairRule(), scope: queries.Rollou
     """Make ``rule``'s pairs over the rollouts of ``scope`` (and/or ``run_ids``; all when
     both are None) under reward version ``rule_version_id`` (default: :func:`default_version`)
     and store the new ones as ``pending``, with one ``pair_builds`` row, in one transaction.
+    A stored pair the rule makes again whose rollouts were re-scored under the version since
+    (stale) takes the new rewards and goes back to ``pending`` for another look.
 
     Raises:
         CurationError: a bad rule option, an unknown version, or a correctness component
@@ -327,6 +329,16 @@ def build_pairs(store: Store, rule: PairRule = PairRule(), scope: queries.Rollou
         # its own branches there), so counts need no DISTINCT; stored ids are not added again
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _built AS {sql}", params)
         made = cur.execute("SELECT count(*) FROM _built").fetchall()[0][0]
+        # a stored pair of this version whose rewards changed since (re-scored): refreshed, back to pending
+        refreshed = cur.execute("""
+            UPDATE pairs SET chosen_reward = b.chosen_reward, rejected_reward = b.rejected_reward, margin = b.margin,
+                             status = 'pending', reviewer = NULL, decided_at = NULL
+            FROM _built b
+            WHERE pairs.pair_id = b.pair_id AND pairs.rule_version_id = ?
+              AND ((pairs.chosen_reward IS NULL) <> (b.chosen_reward IS NULL)
+                   OR (pairs.rejected_reward IS NULL) <> (b.rejected_reward IS NULL)
+                   OR abs(pairs.chosen_reward - b.chosen_reward) > 1e-12
+                   OR abs(pairs.rejected_reward - b.rejected_reward) > 1e-12)""", [vid]).fetchall()[0][0]
         cur.execute("CREATE OR REPLACE TEMP TABLE _new AS "
                     "SELECT * FROM _built WHERE pair_id NOT IN (SELECT pair_id FROM pairs)")
         new = cur.execute("SELECT count(*) FROM _new").fetchall()[0][0]
@@ -352,6 +364,9 @@ def build_pairs(store: Store, rule: PairRule = PairRule(), scope: queries.Rollou
         msg = f"{what}: all {made} pairs are stored already; nothing added"
     else:
         msg = f"{what}: {new} new pairs" + (f" ({made - new} were stored already)" if made > new else "")
+    if refreshed:
+        msg += (f"; {refreshed} stored pair{'s' if refreshed > 1 else ''} re-scored since refreshed with the new "
+                "rewards and back to pending")
     return BuildResult(build_id, rule, vid, int(made), int(new), time.perf_counter() - t0, msg)
 
 

@@ -347,6 +347,13 @@ def test_stale_pairs_are_flagged_and_never_exported_silently(built, out):
     assert prov["skipped_stale"]["by_reason"] == {"deleted": 1, "rescored": 1}
     assert {p["pair_id"] for p in prov["skipped_stale"]["pairs"]} == set(stale.index)
     assert {p["pair_id"] for p in prov["pair_decisions"]} == set(ids) - set(stale.index)
+    # building the rule again refreshes the re-scored pair (new rewards, back to pending); the deleted one stays stale
+    again = build_pairs(store, PairRule("best_vs_worst"))
+    assert again.added == 0 and "1 stored pair re-scored since refreshed" in again.message
+    left = curation.stale_pairs(store, status=None)
+    assert left["pair_id"].tolist() == [gone["pair_id"]]
+    row = store.df("SELECT status, chosen_reward FROM pairs WHERE pair_id = ?", [rescored["pair_id"]]).iloc[0]
+    assert row["status"] == "pending" and row["chosen_reward"] == pytest.approx(rescored["chosen_reward"] + 0.5)
 
 
 def test_exporting_nothing_says_so(built, out):

@@ -383,7 +383,7 @@ class CurationPanel(LazyView):
         prefix = (f'<span class="pair-prefix" title="the prefix both continuations share">{esc(pair["prefix"])}</span>'
                   if pair["kind"] == "step" and _s(pair["prefix"]) else "")
         stale = banner("warn", f"stale: {_s(pair['stale_detail']) or 'a rollout was deleted or re-scored'}; it is "
-                               "refused by exports until you reject it or tick 'leave stale pairs out'") if _s(pair.get("stale")) else ""
+                               "refused by exports: build the rule again (a re-scored pair takes the new rewards), reject it, or tick 'leave stale pairs out'") if _s(pair.get("stale")) else ""
         margin = pair["margin"]
         meta = (f'<div class="meta-line"><span>pair <b>{self.position + 1}</b> / {len(self._queue)}</span>'
                 f'<span class="status-pill {esc(pair["status"])}">{esc(pair["status"])}</span>'
