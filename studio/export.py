@@ -450,6 +450,13 @@ def _write(store, cur, rows_sql, rows_params, requested, ftype, fmt, style, over
                    }.get(fmt, "the pairs make no rows")
             raise NothingToExport(f"nothing to export: {sel.num_rows} accepted pairs, but {why}")
         digest = _sha256(tmp)
+        existed = download is None and target.exists()
+        if existed and not overwrite:  # it appeared since the path was chosen: take the next free version
+            target, existed = versioned_path(requested), False
+        if existed and target.is_dir() and not ((target / "dataset_info.json").is_file()
+                                                or sidecar_of(target).is_file()):
+            raise CurationError(f"{target} is a folder that is not a datasets export; it was left as it is: pick "
+                                "another path")
         prov = _provenance(store, cur, export_id, fmt, style, ftype, n_rows, filters, skipped, extra)
         prov["file"], prov["sha256"] = target.name, digest
         if download is None:
@@ -457,7 +464,6 @@ def _write(store, cur, rows_sql, rows_params, requested, ftype, fmt, style, over
             if target != requested:
                 prov["requested_path"] = str(requested)
         _write_sidecar(cur, side_tmp, prov)
-        existed = target.exists()
         snapshot = sel.select(["pair_id", "swapped", "reviewer", "decided_at", "note"])
         stored = {k: v for k, v in prov.items() if k != "skipped_stale"}  # the stale list stays in the sidecar
         stored["skipped_stale"] = {k: v for k, v in prov["skipped_stale"].items() if k != "pairs"}

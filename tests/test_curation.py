@@ -395,6 +395,14 @@ def test_an_existing_path_is_versioned_and_only_overwritten_when_asked(built, ou
         "ds", "ds-2", "ds-2.provenance.json", "ds.provenance.json", "p-2.jsonl", "p-2.jsonl.provenance.json",
         "p-3.jsonl.provenance.json", "p-4.jsonl", "p-4.jsonl.provenance.json", "p.jsonl", "p.jsonl.provenance.json"]
     assert store.scalar("SELECT count(*) FROM exports") == 6
+    # overwrite replaces an export, never a folder that is not one
+    mine = out / "notes"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    with pytest.raises(CurationError, match="is a folder that is not a datasets export; it was left as it is"):
+        curation.export(store, mine, filetype="datasets", overwrite=True)
+    assert (mine / "keep.txt").read_text() == "mine" and store.scalar("SELECT count(*) FROM exports") == 6
+    assert curation.export(store, out / "ds", overwrite=True).path == out / "ds"
 
 
 # ---------------------------------------------------------------------------- exports read back

@@ -177,6 +177,11 @@ class CurationPanel(LazyView):
                                         css_classes=["export-style"])
         self._filetype = pn.widgets.Select(name="file", options=list(FILETYPES), value="jsonl", width=110,
                                            css_classes=["export-filetype"])
+        self._kinds = pn.widgets.Select(name="pairs", options={"every kind": "", "completion pairs": "completion",
+                                                               "step pairs (fork siblings)": "step"},
+                                        value="", width=190, css_classes=["export-kinds"],
+                                        description="which accepted pairs to export; the conversational style "
+                                                    "takes completion pairs only (a message cannot end mid-answer)")
         self._skip_stale = pn.widgets.Checkbox(name="leave stale pairs out", value=False, css_classes=["export-skip"])
         self._export = pn.widgets.Button(name="Export accepted", button_type="primary", width=150,
                                          css_classes=["export-button"])
@@ -199,7 +204,7 @@ class CurationPanel(LazyView):
             pn.layout.Divider(), head("hand-pick from the table or the group view"), self._pick_info,
             pn.Row(self._pick_chosen, self._pick_rejected), self._pick_add,
             pn.layout.Divider(), head("export accepted pairs"), pn.Row(self._format, self._style, self._filetype),
-            self._skip_stale, self._export, self._download, self._download_prov, self._export_msg, self._exports,
+            self._kinds, self._skip_stale, self._export, self._download, self._download_prov, self._export_msg, self._exports,
             width=350, css_classes=["curation-build"])
         review = pn.Column(
             pn.Row(pn.widgets.Select.from_param(self.param.show, name="queue", width=150, css_classes=["review-show"]),
@@ -400,8 +405,10 @@ class CurationPanel(LazyView):
     # -- export -------------------------------------------------------------------------------
     def _on_export(self, event=None) -> None:
         try:
+            kinds = [self._kinds.value] if self._kinds.value else None
             name, data, prov, sidecar = export_download(self.state.store, self._format.value, self._filetype.value,
-                                                        self._style.value, skip_stale=bool(self._skip_stale.value))
+                                                        self._style.value, skip_stale=bool(self._skip_stale.value),
+                                                        kinds=kinds)
         except pairs.CurationError as exc:
             self._download.visible = self._download_prov.visible = False
             self._export_msg.object = banner("error", str(exc))
