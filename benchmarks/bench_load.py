@@ -44,7 +44,7 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.time() + 90
     while time.time() < deadline:
         try:
-            urllib.request.urlopen(url, timeout=2)
+            urllib.request.urlopen(url, timeout=30)  # a first page takes seconds on 2 busy cores
             return proc, url
         except OSError:
             time.sleep(0.3)

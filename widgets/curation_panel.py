@@ -220,6 +220,8 @@ class CurationPanel(LazyView):
     # -- choices from the store -----------------------------------------------------------
     @param.depends("state.refresh", watch=True)
     def _sync_choices(self) -> None:
+        if self._defer():  # a hidden tab: its pickers fill when it is opened (page builds stay cheap)
+            return
         store = self.state.store
         scopes = {"rollouts the table's filter keeps": "filter", "every rollout": "all"}
         scopes |= {f"run: {label}": f"run:{rid}" for label, rid in run_choices(store).items()}
@@ -231,7 +233,7 @@ class CurationPanel(LazyView):
         self._version.options = opts
         if self._version.value not in opts.values():
             self._version.value = ""
-        self._render()
+        self._draw_queue()
 
     # -- build ----------------------------------------------------------------------------
     def rule(self) -> pairs.PairRule:
@@ -344,6 +346,9 @@ class CurationPanel(LazyView):
     def _render(self) -> None:
         if self._defer():
             return
+        self._sync_choices()
+
+    def _draw_queue(self) -> None:
         self._queue = pairs.queue(self.state.store, status=self._status_filter(), limit=100_000)
         self.param.update(position=min(self.position, max(0, len(self._queue) - 1)))
         self._draw()
