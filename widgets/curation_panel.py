@@ -125,12 +125,12 @@ class CurationPanel(LazyView):
                                         css_classes=["pair-level"], description=_doc("level"))
         self._scope = pn.widgets.Select(name="rollouts", width=320, css_classes=["pair-scope"])
         self._version = pn.widgets.Select(name="reward version", width=320, css_classes=["pair-version"])
-        self._margin = pn.widgets.FloatInput(name="min margin", value=None, start=0, width=100, placeholder="any",
+        self._margin = pn.widgets.FloatInput(name="min margin", value=None, start=0, width=95, placeholder="any",
                                              css_classes=["pair-margin"], description=_doc("min_margin"))
-        self._length = pn.widgets.FloatInput(name="length match", value=None, start=0, end=1, step=0.05, width=100,
+        self._length = pn.widgets.FloatInput(name="length match", value=None, start=0, end=1, step=0.05, width=95,
                                              placeholder="off", css_classes=["pair-length"],
                                              description=_doc("length_match"))
-        self._cap = pn.widgets.IntInput(name="per-prompt cap", value=None, start=1, width=100, placeholder="none",
+        self._cap = pn.widgets.IntInput(name="per-prompt cap", value=None, start=1, width=105, placeholder="none",
                                         css_classes=["pair-cap"], description=_doc("per_prompt_cap"))
         self._within = pn.widgets.Select(name="within", options=["group", "prompt"], value="group", width=100,
                                          description=_doc("within"))
@@ -171,11 +171,11 @@ class CurationPanel(LazyView):
                                        'saves on Enter</span>', stylesheets=[REVIEW_CSS], css_classes=["review-keys"])
         self._keys.on_key(self._on_key)
         # -- export
-        self._format = pn.widgets.Select(name="format", options=list(FORMATS), value="preference", width=130,
+        self._format = pn.widgets.Select(name="format", options=list(FORMATS), value="preference", width=110,
                                          css_classes=["export-format"])
-        self._style = pn.widgets.Select(name="style", options=list(STYLES), value="standard", width=130,
+        self._style = pn.widgets.Select(name="style", options=list(STYLES), value="standard", width=120,
                                         css_classes=["export-style"])
-        self._filetype = pn.widgets.Select(name="file", options=list(FILETYPES), value="jsonl", width=110,
+        self._filetype = pn.widgets.Select(name="file", options=list(FILETYPES), value="jsonl", width=90,
                                            css_classes=["export-filetype"])
         self._kinds = pn.widgets.Select(name="pairs", options={"every kind": "", "completion pairs": "completion",
                                                                "step pairs (fork siblings)": "step"},
@@ -229,7 +229,7 @@ class CurationPanel(LazyView):
         if self._scope.value not in scopes.values():
             self._scope.value = "all"
         vs = store.df("SELECT rule_version_id FROM rule_versions ORDER BY created_at DESC, rule_version_id")
-        opts = {"default: the task's rule (else the one that scored most)": ""} | {v: v for v in vs["rule_version_id"]}
+        opts = {"default (the task's rule)": ""} | {v: v for v in vs["rule_version_id"]}
         self._version.options = opts
         if self._version.value not in opts.values():
             self._version.value = ""
