@@ -62,6 +62,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from benchmarks.synthetic import open_or_build, write_store  # noqa: E402
+
 from studio.advantages import (EQUAL_TOL, GRPO_EPS, from_stats_sql, group_stats_sql, grpo, grpo_sql, rloo,
                                rloo_sql)
 
@@ -128,7 +130,6 @@ def synthetic_rewards(n_groups: int, rng: np.random.Generator) -> tuple[np.ndarr
 def build_store(path: Path, n: int):
     """Create ``path`` (must not exist) with n synthetic rollouts and their 'total' rewards."""
     from studio.records import now
-    from studio.store import Store
 
     rng = np.random.default_rng(20240601)
     n_groups = n // GROUP
@@ -170,33 +171,13 @@ def build_store(path: Path, n: int):
                           "policy": "policy@bench", "task": "arithmetic", "created_at": created, "status": "done"}])
     versions = pd.DataFrame([{"rule_version_id": RULE, "name": "bench-total", "source": "# synthetic totals",
                               "sha256": "0" * 64, "created_at": created, "note": "bench_advantages"}])
-    t_gen = time.perf_counter() - t
-    store = Store.open(path)
-    t = time.perf_counter()
-    store.write({"runs": runs, "prompts": prompts, "rule_versions": versions})
-    step = 250_000  # one write per slice: bounded memory for the insert, same file in the end
-    for lo in range(0, n, step):
-        store.write({"rollouts": rollouts.slice(lo, step), "rewards": reward_tbl.slice(lo, step)})
-    store.cursor().execute("CHECKPOINT")
-    print(f"  generated in {t_gen:.1f} s, written with Store.write in {time.perf_counter() - t:.1f} s", flush=True)
-    return store
+    return write_store(path, {"runs": runs, "prompts": prompts, "rule_versions": versions},
+                       {"rollouts": rollouts, "rewards": reward_tbl}, time.perf_counter() - t)
 
 
 def open_store(path: Path, n: int):
-    from studio.store import Store
-
-    if path.exists():
-        store = Store.open(path)
-        got = store.scalar("SELECT count(*) FROM rollouts")
-        got_rw = store.scalar("SELECT count(*) FROM rewards WHERE rule_version_id = ? AND component = 'total'",
-                              [RULE])
-        if got != n or got_rw != n:
-            raise SystemExit(f"{path} holds {got} rollouts / {got_rw} bench rewards, wanted {n}: "
-                             "give another --db (or none, for a temporary store)")
-        print(f"store: reusing {path}", flush=True)
-        return store
-    print(f"store: building {n:,} rollouts at {path}", flush=True)
-    return build_store(path, n)
+    return open_or_build(path, n, ("SELECT count(*) FROM rewards WHERE rule_version_id = ? AND component = 'total'",
+                                   [RULE], n), build_store)
 
 
 # --------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchmarks.synthetic import open_or_build, write_store  # noqa: E402
+
 GROUP = 8
 GROUPS_PER_PROMPT = 10
 TARGET_S = 10.0
@@ -81,7 +83,6 @@ def _hex_ids(prefix: str, n: int, rng: np.random.Generator) -> pa.Array:
 def build_store(path: Path, n: int):
     """Create ``path`` with n synthetic rollouts of the sample task and their four reward rows."""
     from studio.records import now
-    from studio.store import Store
 
     rng = np.random.default_rng(20240607)
     n_groups = n // GROUP
@@ -139,34 +140,13 @@ def build_store(path: Path, n: int):
                           "policy": "policy@bench", "task": "arithmetic", "created_at": created, "status": "done"}])
     versions = pd.DataFrame([{"rule_version_id": VERSION, "name": "bench-arithmetic", "source": "# synthetic rewards",
                               "sha256": "0" * 64, "created_at": created, "note": "bench_export"}])
-    t_gen = time.perf_counter() - t
-    store = Store.open(path)
-    t = time.perf_counter()
-    store.write({"runs": runs, "prompts": prompts, "rule_versions": versions})
-    step = 250_000  # one write per slice: bounded memory for the insert, same file in the end
-    for lo in range(0, n, step):
-        store.write({"rollouts": rollouts.slice(lo, step)})
-    for lo in range(0, 4 * n, 4 * step):
-        store.write({"rewards": rewards.slice(lo, 4 * step)})
-    store.cursor().execute("CHECKPOINT")
-    print(f"  generated in {t_gen:.1f} s, written with Store.write in {time.perf_counter() - t:.1f} s", flush=True)
-    return store
+    return write_store(path, {"runs": runs, "prompts": prompts, "rule_versions": versions},
+                       {"rollouts": rollouts, "rewards": rewards}, time.perf_counter() - t)
 
 
 def open_store(path: Path, n: int):
-    from studio.store import Store
-
-    if path.exists():
-        store = Store.open(path)
-        got = store.scalar("SELECT count(*) FROM rollouts")
-        got_rw = store.scalar("SELECT count(*) FROM rewards WHERE rule_version_id = ?", [VERSION])
-        if got != n or got_rw != 4 * n:
-            raise SystemExit(f"{path} holds {got} rollouts / {got_rw} bench rewards, wanted {n} / {4 * n}: "
-                             "give another --db (or none, for a temporary store)")
-        print(f"store: reusing {path}", flush=True)
-        return store
-    print(f"store: building {n:,} rollouts at {path}", flush=True)
-    return build_store(path, n)
+    return open_or_build(path, n, ("SELECT count(*) FROM rewards WHERE rule_version_id = ?", [VERSION], 4 * n),
+                         build_store)
 
 
 def reset(store) -> None:

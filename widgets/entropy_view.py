@@ -190,6 +190,7 @@ class PolicyCompare(LazyView):
                                     css_classes=["compare-table"])
         self._table.on_click(self._on_click)
         self._pick = pn.widgets.Select(name="Policy B", options={}, width=260, css_classes=["compare-pick"])
+        self._policies_at: int | None = None
         self._pick.param.watch(lambda e: e.new and self.param.update(policy=e.new), "value")
         controls = pn.Row(
             self._pick,
@@ -249,7 +250,9 @@ class PolicyCompare(LazyView):
     def _render(self) -> None:
         if self._defer():  # a hidden tab: drawn when it is opened
             return
-        self._sync_policies()
+        if self._policies_at != self.state.refresh:  # new checkpoints only come with a refresh
+            self._policies_at = self.state.refresh
+            self._sync_policies()
         if self._version is None:
             versions = forks.scored_versions(self.state.store)
             if not versions:
