@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -47,7 +47,9 @@ TABLES: dict[str, str] = {
         forced_token_id INTEGER,
         policy_version VARCHAR,
         created_at TIMESTAMP,
-        train_advantage DOUBLE          -- mini-runs: the advantage the loss used for this rollout (schema 4)
+        train_advantage DOUBLE,         -- mini-runs: the advantage the loss used for this rollout (schema 4)
+        enriched_by VARCHAR             -- imports: the policy version whose teacher forcing wrote this rollout's
+                                        --   token rows (schema 6); NULL: the tokens came with the rollout
     """,
     "tokens": """
         rollout_id VARCHAR NOT NULL,
@@ -153,6 +155,17 @@ TABLES: dict[str, str] = {
         decided_at TIMESTAMP,
         note VARCHAR
     """,
+    "import_files": """
+        run_id VARCHAR NOT NULL,        -- the import run this source file fed (schema 6)
+        path VARCHAR NOT NULL,          -- absolute path of the file
+        format VARCHAR,                 -- trl | verl | openrlhf | generic
+        size BIGINT,                    -- bytes when last read
+        mtime DOUBLE,
+        consumed BIGINT,                -- bytes imported so far (a tailed JSONL resumes here)
+        n_rows INTEGER,                 -- rollouts added from it
+        n_skipped INTEGER,              -- malformed lines skipped
+        imported_at TIMESTAMP
+    """,
 }
 
 # Tables that the sample Parquet files seed, in load order.
@@ -182,6 +195,9 @@ MIGRATIONS: dict[int, list[str]] = {
                   'completion', coalesce(origin, 'hand'), margin, coalesce(status, 'pending'), false, note, 'hand'
            FROM preferences WHERE pair_id NOT IN (SELECT pair_id FROM pairs)""",
         "DROP TABLE preferences",
+    ],
+    6: [  # imports: which policy teacher-forced an imported rollout's tokens; import_files is created by ddl()
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS enriched_by VARCHAR",
     ],
 }
 
