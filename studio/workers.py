@@ -107,6 +107,29 @@ def score_job(policy_path: str, prompts: list[str], completions: list[list[int]]
     return policy.score(prompts, completions), policy_version(str(policy.path)), policy.device
 
 
+def enrich_job(policy_path: str, prompts: list[str], completions: list[str | list[int]],
+               expect: list[int | None], stopped: list[bool]) -> tuple[list, str, str]:
+    """Runs in a worker: teacher-forced statistics of imported completions (``studio.enrich``).
+
+    A text completion gets the end-of-sequence token appended when it ``stopped`` (its
+    finish reason is stop), or when its source counted ``expect`` tokens, one more than the
+    policy's tokenization: the stop token is sampled, but the text does not show it.
+    """
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    tok = policy.tokenizer
+    forced: list[str | list[int]] = []
+    for c, n, stop in zip(completions, expect, stopped):
+        if isinstance(c, str):
+            ids = tok(c, add_special_tokens=False)["input_ids"]
+            if tok.eos_token_id is not None and (stop or (n is not None and len(ids) + 1 == n)):
+                ids = ids + [tok.eos_token_id]
+            c = ids
+        forced.append(c)
+    return policy.score(prompts, forced), policy_version(str(policy.path)), policy.device
+
+
 def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], answers: list[str],
                     batch_size: int = 32) -> tuple[list[float], str]:
     """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.

@@ -1,0 +1,95 @@
+"""Enrich: rollouts imported without token statistics get them from teacher forcing on the real
+sample policy, the same numbers the sampler recorded when it drew them."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sample_data import POLICY_DIR
+from studio import enrich, queries
+
+
+@pytest.fixture()
+def stripped(seeded_store):
+    """Six sampled rollouts, stripped as imports arrive: three with no token rows, one with ids but
+    no entropy / top-k, one with token texts only, one untouched."""
+    ids = seeded_store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id LIMIT 6")["rollout_id"].tolist()
+    sampled = {r: queries.tokens(seeded_store, r) for r in ids}
+    with seeded_store.transaction() as cur:
+        cur.execute("DELETE FROM tokens WHERE list_contains(?, rollout_id)", [ids[:3]])
+        cur.execute("UPDATE rollouts SET n_tokens = NULL WHERE list_contains(?, rollout_id)", [ids[:3]])
+        cur.execute("UPDATE tokens SET entropy = NULL, topk_ids = NULL, topk_logprobs = NULL WHERE rollout_id = ?",
+                    [ids[3]])
+        cur.execute("UPDATE tokens SET token_id = NULL, logprob = NULL, entropy = NULL WHERE rollout_id = ?", [ids[4]])
+    return seeded_store, ids, sampled
+
+
+def test_what_each_rollout_lacks_is_found(stripped):
+    store, ids, _ = stripped
+    need = enrich.needs_enrich(store, rollout_ids=ids).set_index("rollout_id")["missing"].to_dict()
+    assert need == {ids[0]: "tokens", ids[1]: "tokens", ids[2]: "tokens", ids[3]: "stats", ids[4]: "ids"}
+
+
+def test_enriching_restores_the_samplers_statistics(stripped):
+    store, ids, sampled = stripped
+    seen = []
+    report = enrich.enrich_sync(store, POLICY_DIR, rollout_ids=ids, batch=2, progress=lambda d, t: seen.append((d, t)))
+    assert report.n_rollouts == 5 and not report.skipped and seen[-1] == (5, 5)
+    for rid in ids[:5]:
+        got, want = queries.tokens(store, rid), sampled[rid]
+        assert got["token_text"].tolist() == want["token_text"].tolist()
+        assert got["token_id"].tolist() == want["token_id"].tolist()
+        # teacher forcing gives the numbers sampling recorded (same policy, same context)
+        np.testing.assert_allclose(got["logprob"], want["logprob"], atol=2e-4)
+        np.testing.assert_allclose(got["entropy"], want["entropy"], atol=2e-4)
+        assert [list(x) for x in got["topk_ids"]] == [list(x) for x in want["topk_ids"]]
+    rows = store.df("SELECT rollout_id, n_tokens, enriched_by FROM rollouts WHERE list_contains(?, rollout_id)",
+                    [ids]).set_index("rollout_id")
+    assert rows.loc[ids[0], "n_tokens"] == len(sampled[ids[0]])
+    assert rows.loc[ids[0], "enriched_by"].startswith("policy@") and pd.isna(rows.loc[ids[5], "enriched_by"])
+    # nothing is left to do: a second pass writes nothing
+    again = enrich.enrich_sync(store, POLICY_DIR, rollout_ids=ids)
+    assert again.n_rollouts == 0 and enrich.needs_enrich(store, rollout_ids=ids).empty
+
+
+def test_a_sources_own_logprobs_are_kept(stripped):
+    store, ids, _ = stripped
+    with store.transaction() as cur:  # the source logged its behaviour policy's log-probs, not ours
+        cur.execute("UPDATE tokens SET logprob = -1.5 WHERE rollout_id = ?", [ids[3]])
+    enrich.enrich_sync(store, POLICY_DIR, rollout_ids=[ids[3]])
+    got = queries.tokens(store, ids[3])
+    assert (got["logprob"] == -1.5).all() and got["entropy"].notna().all()
+
+
+def test_token_texts_the_policy_would_split_differently_are_skipped_with_the_reason(stripped):
+    store, ids, _ = stripped
+    with store.transaction() as cur:
+        cur.execute("UPDATE tokens SET token_text = 'xx' WHERE rollout_id = ? AND pos = 0", [ids[4]])
+    report = enrich.enrich_sync(store, POLICY_DIR, rollout_ids=[ids[4]])
+    assert report.n_rollouts == 0 and report.skipped[0][0] == ids[4] and "splits" in report.skipped[0][1]
+    assert queries.tokens(store, ids[4])["token_id"].isna().all()  # untouched
+
+
+def test_a_missing_policy_folder_is_refused_before_anything_runs(stripped, tmp_path):
+    from backends import PolicyLoadError
+
+    store, ids, _ = stripped
+    with pytest.raises(PolicyLoadError):
+        enrich.enrich_sync(store, tmp_path / "nope", rollout_ids=ids)
+    assert len(enrich.needs_enrich(store, rollout_ids=ids)) == 5
+
+
+def test_the_cli_enriches_a_run(tmp_path, capsys):
+    from sample_data import ROLLOUTS_DIR
+    from studio.store import Store
+
+    db = tmp_path / "s.duckdb"
+    store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+    run, rid = store.df("SELECT run_id, rollout_id FROM rollouts ORDER BY rollout_id LIMIT 1").iloc[0]
+    with store.transaction() as cur:
+        cur.execute("DELETE FROM tokens WHERE rollout_id = ?", [rid])
+    store.close()
+    assert enrich.main(["--policy", "sample", "--run", run, "--db", str(db)]) == 0
+    assert "enriched 1 rollouts" in capsys.readouterr().out
+    assert enrich.main(["--policy", str(tmp_path / "missing"), "--db", str(db)]) == 2
