@@ -1,0 +1,333 @@
+"""Import & enrich: bring a real training run's rollouts into the store, watch its folder
+while it trains, and fill in the token statistics its framework did not log.
+
+Import: a path on the server (a run's folder or its files) or files picked in the browser
+(uploaded into ``<store folder>/uploads``); the format is detected or picked; a generic
+file takes a column mapping generated from ``studio.importers.ColumnMapping``. Malformed
+lines abort the import (nothing written) or are skipped, and each is listed with its file
+and line. "Keep watching" leaves a tailer polling the folder: new shards and appended
+lines become rollouts of the same run, and every open page refreshes when they land.
+
+Enrich: teacher-force a policy over a run's rollouts that lack token ids, log-probs or
+entropy (``studio.enrich``), in the worker pool, with progress and cancel.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import panel as pn
+import param
+
+from backends import PolicyLoadError
+from studio import enrich, importers
+from studio.store import StoreError
+
+from .minirun_panel import known_policies
+from .state import StudioState
+from .style import CSS, banner, esc
+
+AUTO = "detect"
+MAX_PROBLEMS = 25
+
+
+def tailers() -> dict[tuple[str, str], "importers.Tailer"]:
+    """The server's folder tailers, by (store path, folder): they outlive the page that started them."""
+    return pn.state.as_cached("rollout-studio-tailers", dict)
+
+
+def problems_html(problems, total: int | None = None) -> str:
+    """Malformed input as ``file:line: message`` lines (the first few)."""
+    if not problems:
+        return ""
+    lines = []
+    for p in problems[:MAX_PROBLEMS]:
+        where = f"{Path(p.file).name}:{p.line}" if p.line else Path(p.file).name
+        lines.append(f"<div><b>{esc(where)}</b> {esc(p.message)}</div>")
+    more = (total or len(problems)) - len(problems[:MAX_PROBLEMS])
+    if more > 0:
+        lines.append(f"<div>… and {more:,} more</div>")
+    return f'<div class="import-problems">{"".join(lines)}</div>'
+
+
+PANEL_CSS = """
+.import-problems { font-family:'DejaVu Sans Mono', monospace; font-size:11.5px; background:#fff5f5;
+  border:1px solid #ffc9c9; border-radius:6px; padding:6px 8px; max-height:220px; overflow:auto; color:#862e2e; }
+.import-problems b { color:#c92a2a; font-weight:600; margin-right:6px; }
+table.tails { border-collapse:collapse; font-size:12px; width:100%; }
+table.tails td, table.tails th { padding:2px 6px; border-top:1px solid #f1f3f5; text-align:left; }
+table.tails th { color:#868e96; font-weight:600; font-size:11px; }
+.hint { font-size:11.5px; color:#868e96; }
+"""
+
+
+def _head(text: str) -> pn.pane.HTML:
+    return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
+                        f'text-transform:uppercase">{esc(text)}</div>', margin=(6, 10, 0, 10))
+
+
+class ImportPanel(pn.viewable.Viewer):
+    """Import form, tailers, and enrich."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    can_run = param.Boolean(default=True, doc="Whether this session may read server files and run models.")
+    running = param.Boolean(default=False, doc="An import or enrich is in progress.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._cancel = threading.Event()
+        self._source = pn.widgets.TextInput(name="Run folder or files on the server (comma-separated)",
+                                            placeholder="/runs/grpo-qwen/completions", sizing_mode="stretch_width",
+                                            css_classes=["import-source"])
+        self._upload = pn.widgets.FileInput(accept=".jsonl,.json,.parquet", multiple=True, sizing_mode="stretch_width",
+                                            css_classes=["import-upload"])
+        self._format = pn.widgets.Select(name="Format", options=[AUTO, *importers.FORMATS], value=AUTO, width=130,
+                                         css_classes=["import-format"])
+        self._on_error = pn.widgets.RadioButtonGroup(name="Malformed lines", options=["abort", "skip"], value="abort",
+                                                     button_type="light", width=150, css_classes=["import-on-error"])
+        self._name = pn.widgets.TextInput(name="Run name", placeholder="(from the folder)", width=200,
+                                          css_classes=["import-name"])
+        self._tail = pn.widgets.Checkbox(name="Keep watching the folder for new steps", value=False,
+                                         css_classes=["import-tail"])
+        self._mapping = {f.name: pn.widgets.TextInput(name=f.name, placeholder=f.metadata.get("help", ""),
+                                                      width=150, css_classes=[f"map-{f.name}"])
+                         for f in dataclasses.fields(importers.ColumnMapping)}
+        self._mapping_box = pn.Column(
+            pn.pane.HTML('<div class="hint">Generic files: the column holding each field (rewards: comma-separated '
+                         'component columns).</div>', stylesheets=[PANEL_CSS]),
+            pn.FlexBox(*self._mapping.values(), sizing_mode="stretch_width"), visible=False,
+            sizing_mode="stretch_width")
+        self._format.param.watch(lambda e: setattr(self._mapping_box, "visible", e.new == "generic"), "value")
+        self._go = pn.widgets.Button(name="Import", button_type="primary", width=120, css_classes=["import-button"])
+        self._stop = pn.widgets.Button(name="Cancel", button_type="light", width=90, disabled=True)
+        self._go.on_click(self._on_import)
+        self._stop.on_click(lambda e: self._cancel.set())
+        self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,
+                                                bar_color="primary", height=12)
+        self._message = pn.pane.HTML("", stylesheets=[CSS, PANEL_CSS], sizing_mode="stretch_width",
+                                     css_classes=["import-message"])
+        self._tails = pn.pane.HTML("", stylesheets=[CSS, PANEL_CSS], sizing_mode="stretch_width",
+                                   css_classes=["import-tails"])
+        self._stop_tail = pn.widgets.Select(name="Stop watching", options=[], width=260, visible=False,
+                                            css_classes=["tail-stop"])
+        self._stop_tail.param.watch(self._on_stop_tail, "value")
+        # enrich
+        self._enrich_run = pn.widgets.Select(name="Rollouts of run", options={}, width=260,
+                                             css_classes=["enrich-run"])
+        self._enrich_policy = pn.widgets.Select(name="Policy (teacher forcing)", options={}, width=260,
+                                                css_classes=["enrich-policy"])
+        self._enrich_go = pn.widgets.Button(name="Enrich", button_type="primary", width=120,
+                                            css_classes=["enrich-button"])
+        self._enrich_go.on_click(self._on_enrich)
+        self._enrich_message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
+                                            css_classes=["enrich-message"])
+        self._seen_tail_rows = -1
+        self._filled = False
+        if not self.can_run:
+            self._layout = pn.pane.HTML(banner("info", "Importing reads files on the server and enriching runs a "
+                                                       "model: both are for the studio's admins. The SQL console "
+                                                       "and every view of imported runs are open to you."),
+                                        stylesheets=[CSS], sizing_mode="stretch_width")
+            return
+        self._layout = pn.Row(
+            pn.Column(
+                _head("Import a training run"),
+                pn.pane.HTML('<div class="hint">TRL GRPO <code>completions/completions_*.parquet</code> · verl '
+                             '<code>{step}.jsonl</code> dumps · OpenRLHF / RL-Logging-Board JSONL · any JSONL or '
+                             'Parquet with a column mapping.</div>', stylesheets=[PANEL_CSS], margin=(0, 10)),
+                self._source,
+                pn.pane.HTML('<div class="hint">…or pick files in the browser:</div>', stylesheets=[PANEL_CSS],
+                             margin=(0, 10)),
+                self._upload,
+                pn.Row(self._format, self._name, pn.Column(pn.pane.HTML('<div class="hint">Malformed lines</div>',
+                                                                        stylesheets=[PANEL_CSS], margin=(0, 5)),
+                                                           self._on_error)),
+                self._mapping_box, self._tail,
+                pn.Row(self._go, self._stop), self._progress, self._message,
+                _head("Watched folders"), self._tails, self._stop_tail,
+                sizing_mode="stretch_width", styles={"flex": "1 1 60%"}),
+            pn.Column(
+                _head("Enrich with a policy"),
+                pn.pane.HTML('<div class="hint">Fill in token ids, log-probs, entropy and top-k that the run did not '
+                             'log, by teacher-forcing a policy over each prompt + completion. A source\'s own '
+                             'log-probs are kept; the rollouts record which policy filled them in.</div>',
+                             stylesheets=[PANEL_CSS], margin=(0, 10)),
+                self._enrich_run, self._enrich_policy, self._enrich_go, self._enrich_message,
+                sizing_mode="stretch_width", styles={"flex": "1 1 40%"}),
+            sizing_mode="stretch_width")
+        self.state.param.watch(lambda e: self.fill(), ["refresh"])
+
+    # -- pickers ----------------------------------------------------------------------------
+    def fill(self) -> None:
+        """(Re)fill the run and policy pickers and the tailers list (on first open and each refresh)."""
+        if not self.can_run:
+            return
+        self._filled = True
+        store = self.state.store
+        runs = store.df("""SELECT r.run_id, r.name, r.kind, count(ro.rollout_id) AS n,
+                                  count(ro.rollout_id) FILTER (WHERE ro.n_tokens IS NULL) AS bare
+                           FROM runs r JOIN rollouts ro USING (run_id) GROUP BY ALL
+                           ORDER BY bare DESC, r.created_at DESC LIMIT 200""")
+        opts = {f"{r.name or r.run_id} · {r.kind} · {r.n:,} rollouts" + (f" ({r.bare:,} without tokens)" if r.bare else ""):
+                r.run_id for r in runs.itertuples()}
+        self._enrich_run.options = opts
+        if self._enrich_run.value not in opts.values() and opts:
+            self._enrich_run.value = next(iter(opts.values()))
+        pols = known_policies(store)
+        self._enrich_policy.options = pols
+        if self._enrich_policy.value not in pols.values():
+            self._enrich_policy.value = next(iter(pols.values()))
+        self._draw_tails()
+
+    def _draw_tails(self) -> None:
+        mine = {k: t for k, t in tailers().items() if k[0] == self.state.store.path}
+        if not mine:
+            self._tails.object = '<div class="hint">None. Tick "Keep watching" when importing a folder.</div>'
+            self._stop_tail.visible = False
+            return
+        rows = []
+        for (_, folder), t in mine.items():
+            st = t.status
+            err = f'<span class="bad">{esc(str(st.get("last_error")))}</span>' if st.get("last_error") else "ok"
+            last = time.strftime("%H:%M:%S", time.localtime(st["last_poll"])) if st.get("last_poll") else "–"
+            rows.append(f"<tr><td>{esc(folder)}</td><td>{st.get('files', 0):,}</td><td>{st.get('rollouts', 0):,}</td>"
+                        f"<td>{last}</td><td>{err}</td></tr>")
+        self._tails.object = ('<table class="tails"><tr><th>folder</th><th>files</th><th>rollouts</th>'
+                              f'<th>last poll</th><th>state</th></tr>{"".join(rows)}</table>')
+        self._stop_tail.options = ["", *[folder for (_, folder) in mine]]
+        self._stop_tail.visible = True
+
+    def _on_stop_tail(self, event) -> None:
+        if not event.new:
+            return
+        t = tailers().pop((self.state.store.path, event.new), None)
+        if t is not None:
+            t.stop()
+        self._stop_tail.value = ""
+        self._draw_tails()
+
+    def tail_rows(self) -> int:
+        """Rollouts the store's tailers have added so far (a page polls this to refresh)."""
+        return sum(t.status.get("rollouts", 0) for k, t in tailers().items() if k[0] == self.state.store.path)
+
+    # -- import -------------------------------------------------------------------------------
+    def _paths(self) -> list[Path]:
+        paths = [Path(p.strip()).expanduser() for p in self._source.value.split(",") if p.strip()]
+        if self._upload.value:
+            names = self._upload.filename if isinstance(self._upload.filename, list) else [self._upload.filename]
+            datas = self._upload.value if isinstance(self._upload.value, list) else [self._upload.value]
+            folder = Path(self.state.store.path).expanduser().resolve().parent / "uploads" / time.strftime("%Y%m%d-%H%M%S")
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, data in zip(names, datas):
+                target = folder / Path(name).name  # a browser's name, never a path
+                target.write_bytes(data)
+                paths.append(target)
+        return paths
+
+    def _mapping_value(self):
+        if self._format.value != "generic":
+            return None
+        given = {}
+        for name, w in self._mapping.items():
+            v = w.value.strip()
+            if v:
+                given[name] = tuple(x.strip() for x in v.split(",") if x.strip()) if name == "rewards" else v
+        return importers.ColumnMapping(**given)
+
+    async def _on_import(self, event=None) -> None:
+        if self.running:
+            return
+        try:
+            paths = self._paths()
+            mapping = self._mapping_value()
+        except (TypeError, ValueError, OSError) as exc:
+            self._message.object = banner("error", str(exc))
+            return
+        if not paths:
+            self._message.object = banner("error", "Give a folder or files on the server, or pick files to upload.")
+            return
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            self._message.object = banner("error", f"Not found on the server: {', '.join(missing)}")
+            return
+        fmt = None if self._format.value == AUTO else self._format.value
+        store, done = self.state.store, [0, 0]
+        self._cancel.clear()
+        self.running, self._go.disabled, self._stop.disabled = True, True, False
+        self._progress.value, self._progress.visible = 0, True
+        self._message.object = banner("info", f"Importing {len(paths)} path(s)…")
+
+        def work():
+            return importers.import_run(store, paths if len(paths) > 1 else paths[0], fmt, mapping=mapping,
+                                        on_error=self._on_error.value, name=self._name.value.strip() or None,
+                                        progress=lambda d, t: done.__setitem__(slice(0, 2), [d, t]),
+                                        cancel=self._cancel)
+
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        try:
+            while not task.done():
+                await asyncio.sleep(0.25)
+                if done[1]:
+                    self._progress.value = int(100 * done[0] / done[1])
+            report = task.result()
+        except importers.MalformedInput as exc:
+            self._message.object = (banner("error", f"Nothing imported: {len(exc.problems):,} malformed line(s). "
+                                                    "Fix them, or choose 'skip' to import the rest.")
+                                    + problems_html(exc.problems))
+            return
+        except (importers.ImportFormatError, StoreError, OSError, ValueError) as exc:
+            self._message.object = banner("error", f"Nothing imported: {exc}")
+            return
+        finally:
+            self.running, self._go.disabled, self._stop.disabled = False, False, True
+            self._progress.visible = False
+        if getattr(report, "cancelled", False) or self._cancel.is_set():
+            self._message.object = banner("warn", "Cancelled: nothing was imported.")
+            return
+        skipped = f"; skipped {len(report.skipped):,} malformed line(s)" if report.skipped else ""
+        self._message.object = (banner("info", f"Imported {report.n_rollouts:,} rollouts ({report.n_tokens:,} tokens) "
+                                               f"from {report.n_files} file(s) in {report.seconds:.1f} s as run "
+                                               f"{report.run_id}{skipped}.")
+                                + problems_html(report.skipped))
+        if self._tail.value:
+            folders = {p if p.is_dir() else p.parent for p in paths}
+            for folder in folders:
+                key = (store.path, str(folder.resolve()))
+                if key not in tailers():
+                    t = importers.Tailer(store, folder, fmt=fmt, mapping=mapping, on_error="skip",
+                                         run_id=report.run_id)
+                    t.start()
+                    tailers()[key] = t
+        self._upload.value = None  # uploaded files are imported once
+        self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)
+
+    # -- enrich -------------------------------------------------------------------------------
+    async def _on_enrich(self, event=None) -> None:
+        if self.running or not self._enrich_run.value:
+            return
+        self.running, self._enrich_go.disabled = True, True
+        self._enrich_message.object = banner("info", "Starting the worker…")
+
+        def progress(done: int, total: int) -> None:
+            self._enrich_message.object = banner("info", f"Enriched {done:,} of {total:,} rollouts…")
+
+        try:
+            report = await enrich.enrich(self.state.store, self._enrich_policy.value, run_id=self._enrich_run.value,
+                                         progress=progress)
+        except (PolicyLoadError, StoreError) as exc:
+            self._enrich_message.object = banner("error", str(exc))
+            return
+        finally:
+            self.running, self._enrich_go.disabled = False, False
+        skipped = f"; {len(report.skipped):,} skipped ({report.skipped[0][1]}…)" if report.skipped else ""
+        self._enrich_message.object = banner(
+            "info", f"Enriched {report.n_rollouts:,} rollouts ({report.n_tokens:,} tokens) with "
+                    f"{report.policy_version} in {report.seconds:.1f} s{skipped}.")
+        if report.n_rollouts:
+            self.state.param.update(refresh=self.state.refresh + 1)
+
+    def __panel__(self):
+        return self._layout
