@@ -69,9 +69,12 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.credit_panel import CreditView, credit_controls
     from widgets.curation_panel import CurationPanel
     from widgets.group_view import GroupView
+    from widgets.import_panel import ImportPanel
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import RulePanel, version_picker
+    from widgets.sql_console import SQLConsole
     from widgets.state import StudioState
+    from widgets.timeline_panel import TimelinePanel
     from widgets.style import CSS, banner, esc
     from widgets.token_strip import TokenStrip
 
@@ -102,6 +105,9 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     credit_view = CreditView(state=state, can_run=runs_code, shown=False)
     minirun_panel = MiniRunPanel(state=state, can_run=runs_code, shown=False)
     curation = CurationPanel(state=state, shown=False)
+    timeline = TimelinePanel(state=state, shown=False)
+    importer = ImportPanel(state=state, can_run=runs_code)
+    sql = SQLConsole(state=state)
     if runs_code:
         run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
                            css_classes=["generate-card"], header_background="#eef2ff")
@@ -165,10 +171,11 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     # URLs pointed at Panel's CDN (Panel 1.9), and the studio must not touch the network
     tabs = pn.Tabs(("Group view", group), ("Entropy landscape", landscape), ("Compare policies", compare),
                    ("Reward rules", rule_panel), ("Reward hacking", hacking), ("Advantages & steps", credit_view),
-                   ("Mini-runs", minirun_panel), ("Preference data", curation),
+                   ("Mini-runs", minirun_panel), ("Preference data", curation), ("Timeline & diff", timeline),
+                   ("Import & enrich", importer), ("SQL", sql),
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
     lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view, 6: minirun_panel,
-            7: curation}  # drawn once opened
+            7: curation, 8: timeline}  # drawn once opened
 
     def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
         minirun_panel.use_rule(version)
@@ -179,8 +186,22 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     def on_tab(event) -> None:
         for i, view in lazy.items():
             view.shown = event.new == i
+        if event.new == 9:
+            importer.fill()
 
     tabs.param.watch(on_tab, "active")
+    tail_seen = [importer.tail_rows()]
+
+    def tail_refresh() -> None:  # a watched folder grew: every view reloads, on every open page
+        rows = importer.tail_rows()
+        if rows != tail_seen[0]:
+            tail_seen[0] = rows
+            state.refresh += 1
+            if tabs.active == 9:
+                importer.fill()
+
+    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:  # a served page
+        pn.state.add_periodic_callback(tail_refresh, period=2000)
     card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
     template.main.extend([
         pn.Row(

@@ -231,12 +231,15 @@ SOURCES_MARK = "\n# sources "
 def active_version(store: Store, picked: str = "") -> str | None:
     """The version new rollouts should also be scored with: the one ``picked`` in a view,
     else the most recently applied rule or reward-model version (None when only built-in
-    rules have scored anything: Generate and Branch score with those already)."""
+    rules have scored anything: Generate and Branch score with those already). Imported
+    scores are what a training run logged and cannot score new rollouts: they are never the
+    active version unless picked."""
     if picked:
         return picked
     return store.scalar("""
         SELECT rule_version_id FROM rule_versions
-        WHERE source NOT LIKE '# rule %' ORDER BY created_at DESC, rule_version_id LIMIT 1""")
+        WHERE source NOT LIKE '# rule %' AND source NOT LIKE '# import %'
+        ORDER BY created_at DESC, rule_version_id LIMIT 1""")
 
 
 async def score_new_run(store: Store, run_id: str, picked: str = "") -> str:
@@ -270,6 +273,9 @@ async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, l
     if source.startswith("# reward model "):
         folder = source.splitlines()[0].removeprefix("# reward model ").strip()
         res = await score_with_reward_model(store, folder, scope=scope)
+    elif source.startswith("# import "):
+        return ApplyResult(vid, "unchanged", message=f"{vid} holds the scores a training run logged; new rollouts "
+                                                     "are scored by the rules and reward models of the store")
     elif source.startswith("# rule "):
         from .rewards import DEFAULT_RULES
 

@@ -24,6 +24,7 @@ import param
 
 from backends import PolicyLoadError
 from studio import enrich, importers
+from studio.tail import Tailer
 from studio.store import StoreError
 
 from .minirun_panel import known_policies
@@ -34,7 +35,7 @@ AUTO = "detect"
 MAX_PROBLEMS = 25
 
 
-def tailers() -> dict[tuple[str, str], "importers.Tailer"]:
+def tailers() -> dict[tuple[str, str], "Tailer"]:
     """The server's folder tailers, by (store path, folder): they outlive the page that started them."""
     return pn.state.as_cached("rollout-studio-tailers", dict)
 
@@ -167,10 +168,7 @@ class ImportPanel(pn.viewable.Viewer):
             return
         self._filled = True
         store = self.state.store
-        runs = store.df("""SELECT r.run_id, r.name, r.kind, count(ro.rollout_id) AS n,
-                                  count(ro.rollout_id) FILTER (WHERE ro.n_tokens IS NULL) AS bare
-                           FROM runs r JOIN rollouts ro USING (run_id) GROUP BY ALL
-                           ORDER BY bare DESC, r.created_at DESC LIMIT 200""")
+        runs = enrich.runs_to_enrich(store)
         opts = {f"{r.name or r.run_id} · {r.kind} · {r.n:,} rollouts" + (f" ({r.bare:,} without tokens)" if r.bare else ""):
                 r.run_id for r in runs.itertuples()}
         self._enrich_run.options = opts
@@ -287,17 +285,17 @@ class ImportPanel(pn.viewable.Viewer):
         if getattr(report, "cancelled", False) or self._cancel.is_set():
             self._message.object = banner("warn", "Cancelled: nothing was imported.")
             return
-        skipped = f"; skipped {len(report.skipped):,} malformed line(s)" if report.skipped else ""
+        skipped = f"; skipped {report.n_skipped:,} malformed line(s)" if report.n_skipped else ""
         self._message.object = (banner("info", f"Imported {report.n_rollouts:,} rollouts ({report.n_tokens:,} tokens) "
                                                f"from {report.n_files} file(s) in {report.seconds:.1f} s as run "
                                                f"{report.run_id}{skipped}.")
-                                + problems_html(report.skipped))
+                                + problems_html(report.skipped, report.n_skipped))
         if self._tail.value:
             folders = {p if p.is_dir() else p.parent for p in paths}
             for folder in folders:
                 key = (store.path, str(folder.resolve()))
                 if key not in tailers():
-                    t = importers.Tailer(store, folder, fmt=fmt, mapping=mapping, on_error="skip",
+                    t = Tailer(store, folder, fmt=fmt, mapping=mapping, on_error="skip",
                                          run_id=report.run_id)
                     t.start()
                     tailers()[key] = t

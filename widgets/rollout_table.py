@@ -82,12 +82,12 @@ class RolloutTable(pn.viewable.Viewer):
 
     def _update_choices(self) -> None:
         runs = queries.runs(self.state.store)
+        current = self._run_ids.get(self.run)
         # the id suffix keeps two runs with the same name and size apart
         self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
-        current = self.run
         self.param.run.objects = [ALL_RUNS, *self._run_ids]
-        if current not in self.param.run.objects:
-            self.run = ALL_RUNS
+        # the picked run stays picked when its count (in its label) grows: a tailed or running import
+        self.run = next((k for k, v in self._run_ids.items() if v == current), ALL_RUNS)
         lo, hi = queries.reward_bounds(self.state.store)
         lo, hi = min(lo, 0.0), max(hi, lo + 0.1)
         at_bounds = tuple(self.reward_range) == tuple(self.param.reward_range.bounds)

@@ -42,7 +42,7 @@ def tables_html() -> str:
 
 
 SQL_CSS = """
-.sql-tables { font-size:11.5px; line-height:1.45; color:#495057; max-height:260px; overflow:auto; }
+.sql-tables { font-size:11.5px; line-height:1.45; color:#495057; max-height:440px; overflow:auto; }
 .sql-tables b { font-family:'DejaVu Sans Mono', monospace; color:#1f2937; }
 .sql-tables .cols { font-family:'DejaVu Sans Mono', monospace; color:#868e96; }
 """
@@ -66,8 +66,8 @@ class SQLConsole(pn.viewable.Viewer):
                                       css_classes=["sql-run"])
         self._run.on_click(self._on_run)
         self._message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["sql-message"])
-        self._table = pn.widgets.Tabulator(pd.DataFrame(), pagination="local", page_size=15, disabled=True,
-                                           sizing_mode="stretch_width", show_index=False, height=420,
+        self._table = pn.widgets.Tabulator(pd.DataFrame(), pagination="local", page_size=15, disabled=True, layout="fit_data_fill",
+                                           sizing_mode="stretch_width", show_index=False,
                                            css_classes=["sql-result"], visible=False)
         self._layout = pn.Row(
             pn.Column(self._editor, pn.Row(self._run, self._examples), self._message, self._table,

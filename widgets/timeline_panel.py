@@ -1,0 +1,638 @@
+"""The "Timeline & diff" tab: one prompt across training steps, and two runs (or steps)
+compared prompt by prompt.
+
+Timeline: a run with 2+ training steps, one of its prompts (searchable; it follows the
+rollout selected anywhere in the studio), its reward (mean, min–max band), accuracy, token
+entropy and length over the steps, and one step's completions (a click opens one in the
+token strip). Run diff: side A and side B (a run, or one step of it) on the prompts both
+have: paired statistics (``studio.timeline.run_diff``), reward A against B per prompt, and
+the prompts that moved most (a click shows that prompt's timeline).
+
+Queries run in a worker thread (DuckDB releases the GIL), so a diff over a million rollouts
+never holds up the page; a newer request supersedes an older one still running.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import panel as pn
+import param
+
+from studio import timeline as tl
+from studio.store import StoreError
+from studio.timeline import Side
+
+from .clickable import ClickableHTML
+from .entropy_view import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, _hv, _opts
+from .lazy import LazyView
+from .state import StudioState, run_choices
+from .style import ACCENT, CSS, SCALES, banner, chip, esc
+
+WHOLE_RUN = "whole run"
+MAX_SCATTER = 5000  # points drawn in the diff scatter (a seeded sample past it; movers always drawn)
+N_MOVERS = 10
+LENGTH_COLOR = "#495057"
+STEP_COLOR = "#1f2937"
+TIE_COLOR = "#adb5bd"
+PLOT_H, SCATTER_H = 270, 400
+# legends above the plot, in a row: inside they cover the points that matter
+LEGEND_TOP = {"show_legend": True, "legend_position": "top", "legend_cols": 4,
+              "legend_opts": {"label_text_font_size": "8.5pt", "padding": 2, "spacing": 6, "margin": 0,
+                              "glyph_width": 16, "border_line_alpha": 0}}
+
+TL_CSS = """
+.tl-head { font-size:11px; font-weight:700; letter-spacing:.06em; color:#6b7280; text-transform:uppercase;
+           margin:2px 0 0 0; }
+table.tl { border-collapse:collapse; width:100%; font-size:12px; font-variant-numeric:tabular-nums;
+           table-layout:fixed; }
+table.tl th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
+table.tl td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowrap; overflow:hidden;
+              text-overflow:ellipsis; }
+table.tl tr.pick { cursor:pointer; } table.tl tr.pick:hover { background:#edf2ff; }
+table.tl tr.selected td { background:#e7f5ff; }
+table.tl td.mono { font-family:'DejaVu Sans Mono', monospace; font-size:11.5px; }
+table.tl td.num { text-align:right; }
+.movers { display:flex; flex-direction:column; gap:8px; }
+.up { color:#1864ab; font-weight:700; } .down { color:#c92a2a; font-weight:700; }
+.prompt-text { font-family:'DejaVu Sans Mono', monospace; font-size:12.5px; white-space:pre-wrap;
+               background:#f8f9fa; border:1px solid #e9ecef; border-radius:6px; padding:4px 8px;
+               max-height:4.6em; overflow:auto; }
+.stat { white-space:nowrap; }
+"""
+
+
+def fmt_p(p: float) -> str:
+    """A p-value as the summary prints it."""
+    if p is None or pd.isna(p):
+        return "–"
+    return "< 0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def fmt_num(x: float | None, spec: str = "+.3f") -> str:
+    if x is None or pd.isna(x):
+        return "–"
+    return format(round(float(x), 3) + 0.0, spec)
+
+
+def summary_html(d: tl.RunDiff) -> str:
+    """The diff's summary line (every number also in a ``data-`` attribute for tests)."""
+    if d.shared == 0:
+        return banner("info", f"No prompt is on both sides (A only: {d.only_a:,}, B only: {d.only_b:,}): "
+                              "pick steps or runs that sampled the same prompts.")
+    if d.n == 0:
+        return banner("info", f"{d.shared:,} shared prompts, but no rewards on both sides under this rule version.")
+    ci = "bootstrap" if d.ci_method == "bootstrap" else "normal approximation"
+    delta_cls = "up" if d.mean_delta > 0 else "down" if d.mean_delta < 0 else ""
+    return (
+        f'<div class="meta-line diff-line" data-shared="{d.shared}" data-n="{d.n}" '
+        f'data-delta="{d.mean_delta:.6f}" data-ci-lo="{d.ci_lo:.6f}" data-ci-hi="{d.ci_hi:.6f}" '
+        f'data-p-wilcoxon="{d.p_wilcoxon:.6g}" data-p-sign="{d.p_sign:.6g}" data-wins="{d.wins}" '
+        f'data-ties="{d.ties}" data-losses="{d.losses}">'
+        f'<span class="stat"><b class="d-shared">{d.shared:,}</b> shared prompts '
+        f'<span class="muted">(A only {d.only_a:,} · B only {d.only_b:,})</span></span>'
+        f'<span class="stat">mean reward <b>{fmt_num(d.mean_a, ".3f")}</b> → <b>{fmt_num(d.mean_b, ".3f")}</b></span>'
+        f'<span class="stat">Δ <b class="d-delta {delta_cls}">{fmt_num(d.mean_delta)}</b> '
+        f'<span title="95% interval, paired {esc(ci)} over prompts">[<span class="d-ci">{fmt_num(d.ci_lo)}, '
+        f'{fmt_num(d.ci_hi)}</span>]</span></span>'
+        f'<span class="stat" title="Wilcoxon signed-rank test on per-prompt differences">Wilcoxon p '
+        f'<b class="d-pw">{fmt_p(d.p_wilcoxon)}</b></span>'
+        f'<span class="stat" title="sign test: wins against losses, ties left out">sign p '
+        f'<b class="d-ps">{fmt_p(d.p_sign)}</b></span>'
+        f'<span class="stat">win / tie / loss <b class="d-wtl">{d.wins:,} / {d.ties:,} / {d.losses:,}</b></span>'
+        f'<span class="stat">accuracy <b class="d-acc">{fmt_num(d.accuracy_a, ".3f")} → '
+        f'{fmt_num(d.accuracy_b, ".3f")}</b></span></div>')
+
+
+def movers_html(m: pd.DataFrame) -> str:
+    """Two tables side by side: prompts whose reward rose most (B over A) and fell most."""
+    def table(rows: pd.DataFrame, title: str, cls: str) -> str:
+        if rows.empty:
+            body = '<tr><td colspan="5" class="empty">none</td></tr>'
+        else:
+            body = "".join(
+                f'<tr class="pick mover" data-click="mover" data-value="{esc(r.prompt_id)}" title="{esc(r.prompt)}">'
+                f'<td class="mono">{esc(r.prompt)}</td><td class="num">{fmt_num(r.reward_a, ".2f")}</td>'
+                f'<td class="num">{fmt_num(r.reward_b, ".2f")}</td><td class="num {cls}">{fmt_num(r.delta, "+.2f")}</td>'
+                f'<td class="num muted">{int(r.n_a)}/{int(r.n_b)}</td></tr>' for r in rows.itertuples())
+        return (f'<div><div class="meta-line"><b>{esc(title)}</b></div><table class="tl">'
+                '<colgroup><col><col style="width:46px"><col style="width:46px"><col style="width:52px">'
+                '<col style="width:54px"></colgroup>'
+                '<tr><th>prompt</th><th class="num">A</th><th class="num">B</th><th class="num">Δ</th>'
+                f'<th class="num" title="completions A / B">n</th></tr>{body}</table></div>')
+    up, down = m[m["direction"] == "up"], m[m["direction"] == "down"]
+    return (f'<div class="movers">{table(up, "rose most (B above A)", "up")}'
+            f'{table(down, "fell most (B below A)", "down")}</div>'
+            '<div class="meta-line"><span class="muted">click a prompt to see its timeline above</span></div>')
+
+
+def steps_html(df: pd.DataFrame, selected: str, prompt_id: str = "", step: int | None = None) -> str:
+    """One step's completions (of ``prompt_id`` at ``step``); a click opens one in the token strip."""
+    if df.empty:
+        return '<div class="empty">No completions at this step.</div>'
+    rows = []
+    for r in df.itertuples():
+        ok = "" if pd.isna(r.accuracy) else ('<b class="ok">✓</b>' if r.accuracy >= 1 else '<b class="bad">✗</b>')
+        sel = " selected" if r.rollout_id == selected else ""
+        adv = None if pd.isna(r.advantage) else float(r.advantage)
+        ent = "no tokens" if pd.isna(r.entropy) else f"{r.entropy:.3f}"
+        rows.append(
+            f'<tr class="pick step-row{sel}" data-click="open" data-value="{esc(r.rollout_id)}">'
+            f'<td class="muted">#{int(r.sample_idx) if not pd.isna(r.sample_idx) else "?"}</td><td>{ok}</td>'
+            f'<td class="num">{fmt_num(r.reward, ".3f")}</td><td>{chip(adv, SCALES["advantage"])}</td>'
+            f'<td class="num">{esc(ent)}</td><td class="num">{"–" if pd.isna(r.n_tokens) else int(r.n_tokens)}</td>'
+            f'<td class="muted">{esc(r.finish_reason or "")}</td><td class="mono" title="{esc(r.text)}">'
+            f'{esc(r.text)}</td></tr>')
+    return (f'<table class="tl steps" data-prompt="{esc(prompt_id)}" data-step="{esc(step)}">'
+            '<colgroup><col style="width:34px"><col style="width:30px"><col style="width:58px">'
+            '<col style="width:70px"><col style="width:80px"><col style="width:52px"><col style="width:52px"><col>'
+            '</colgroup><tr><th></th><th></th><th class="num">reward</th><th>advantage</th>'
+            '<th class="num">entropy</th><th class="num">tokens</th><th>finish</th><th>completion</th></tr>'
+            + "".join(rows) + "</table>")
+
+
+def timeline_plots(df: pd.DataFrame, step: int | None):
+    """Reward (mean, min–max band, accuracy share, all-equal steps), token entropy and length
+    over the training steps of one prompt; ``step`` is marked."""
+    hv = _hv()
+    x = ("train_step", "training step")
+    mark = [hv.VLine(step).opts(color=STEP_COLOR, line_dash="dotted", line_width=1.5)] if step is not None else []
+    hover = ["train_step", "reward_mean", "reward_min", "reward_max", "accuracy", "n"]
+    band = hv.Area(df, x, [("reward_min", "reward"), ("reward_max", "reward max")], label="min–max").opts(
+        color=ACCENT, alpha=0.13, line_alpha=0)
+    mean = hv.Curve(df, x, [("reward_mean", "reward"), *hover[2:]], label="mean reward").opts(
+        color=ACCENT, line_width=2.2, tools=["hover"])
+    dots = hv.Scatter(df, x, [("reward_mean", "reward"), *hover[2:]]).opts(color=ACCENT, size=5, tools=["hover", "tap"])
+    acc = hv.Curve(df.dropna(subset=["accuracy"]), x, [("accuracy", "reward")], label="accuracy").opts(
+        color=OK_COLOR, line_width=1.8, line_dash="dashed")
+    eq = df[df["all_equal"].eq(True)]  # an object column: True, False or None (unscored)
+    flat = [hv.Scatter(eq, x, [("reward_mean", "reward")], label="all equal").opts(
+        fill_color="white", line_color=BAD_COLOR, marker="circle", size=9, line_width=1.5)] if len(eq) else []
+    reward = hv.Overlay([band, mean, dots, acc, *flat, *mark]).opts(
+        **_opts(title="Reward over steps", ylabel="reward · accuracy share", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08),
+                **LEGEND_TOP))
+    ent = df  # steps without tokens stay in as NaN: the line breaks there instead of bridging them
+    if df["entropy"].isna().all():
+        entropy = hv.Text(0.5, 0.5, "no tokens stored\nfor these completions").opts(
+            **_opts(title="Mean token entropy", height=PLOT_H, xaxis=None, yaxis=None, text_color="#868e96",
+                    text_font_size="11pt"))
+    else:
+        entropy = hv.Overlay([
+            hv.Curve(ent, x, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, line_width=2),
+            hv.Scatter(ent, x, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, size=5,
+                                                                          tools=["hover"]), *mark]).opts(
+            **_opts(title="Mean token entropy (nats)", ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
+    length = hv.Overlay([
+        hv.Curve(df, x, [("length", "tokens")]).opts(color=LENGTH_COLOR, line_width=2),
+        hv.Scatter(df, x, [("length", "tokens")]).opts(color=LENGTH_COLOR, size=5, tools=["hover"]), *mark]).opts(
+        **_opts(title="Mean completion length", ylabel="tokens", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
+    return reward, entropy, length
+
+
+def diff_scatter(d: tl.RunDiff, movers: pd.DataFrame):
+    """Per-prompt mean reward, A against B, with the diagonal; coloured by who is higher."""
+    hv = _hv()
+    df = d.per_prompt.dropna(subset=["reward_a", "reward_b"])
+    note = ""
+    if len(df) > MAX_SCATTER:  # a seeded sample keeps the plot light; the movers are always in it
+        keep = set(movers["prompt_id"])
+        rest = df[~df["prompt_id"].isin(keep)].sample(MAX_SCATTER - len(keep), random_state=0)
+        note = f" ({MAX_SCATTER:,} of {len(df):,} shown)"
+        df = pd.concat([df[df["prompt_id"].isin(keep)], rest])
+    lo = float(min(df["reward_a"].min(), df["reward_b"].min())) if len(df) else 0.0
+    hi = float(max(df["reward_a"].max(), df["reward_b"].max())) if len(df) else 1.0
+    pad = (hi - lo) * 0.05 or 0.05
+    vd = [("reward_b", "B"), "prompt", ("delta", "Δ")]
+    x = ("reward_a", "mean reward, A")
+    layers = [hv.Curve([(lo - pad, lo - pad), (hi + pad, hi + pad)], x, ("reward_b", "B"), label="B = A").opts(
+        color="#868e96", line_dash="dashed", line_width=1)]
+    for name, sel, color in (("B higher", df["delta"] > tl.EQUAL_TOL, ACCENT),
+                             ("A higher", df["delta"] < -tl.EQUAL_TOL, BAD_COLOR),
+                             ("equal", df["delta"].abs() <= tl.EQUAL_TOL, TIE_COLOR)):
+        part = df[sel]
+        if len(part):
+            layers.append(hv.Scatter(part, x, vd, label=f"{name} ({len(part):,})").opts(
+                color=color, size=6, alpha=0.55, tools=["hover"]))
+    return hv.Overlay(layers).opts(**_opts(
+        title=f"Mean reward per shared prompt{note}", xlabel="mean reward, A", ylabel="mean reward, B",
+        height=SCATTER_H, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad), **LEGEND_TOP))
+
+
+class TimelinePanel(LazyView):
+    """One prompt across training steps, and two sides (runs or steps) compared per prompt."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    run = param.Selector(default=None, objects=[], allow_None=True, doc="Run (2+ training steps) of the timeline.")
+    search = param.String(default="", doc="Keep prompts whose text contains this (case-insensitive).")
+    prompt = param.Selector(default=None, objects=[], allow_None=True, doc="Prompt whose timeline is shown.")
+    step = param.Selector(default=None, objects=[], allow_None=True, doc="Training step whose completions are listed.")
+    a_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side A: run.")
+    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], doc="Side A: one training step, or the whole run.")
+    b_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side B: run.")
+    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], doc="Side B: one training step, or the whole run.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._runs: dict[str, str] = {}  # timeline run label -> run id
+        self._all_runs: dict[str, str] = {}  # diff run label -> run id
+        self._prompts: dict[str, str] = {}  # prompt label -> prompt id
+        self._steps: dict[str, int] = {}  # step label -> train step
+        self._pin: tuple[str, str, str] | None = None  # (label, prompt id, run id) kept in the picker (a selection, a mover)
+        self._want_step: int | None = None  # the step to list once the pinned prompt's timeline is in
+        self._step_label: int | None = None
+        self._step_prompt = ""
+        self._quiet = False  # set while pickers are filled, so their watchers do not each start a query
+        self._timeline = pd.DataFrame()
+        self._step_rows = pd.DataFrame()
+        self._diff: tl.RunDiff | None = None
+        self._tokens: dict[str, int] = {}  # request kind -> number of the newest request
+        self._run_steps: dict[str, list[int]] = {}  # run id -> its training steps (until the store changes)
+        self._loaded = False
+        kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
+        self._prompt_info = pn.pane.HTML("", css_classes=["timeline-info"], margin=(0, 5), **kw)
+        self._plot = pn.pane.HoloViews(None, css_classes=["timeline-plot"], height=PLOT_H + 10, **kw)
+        self._step_list = ClickableHTML(object="", css_classes=["timeline-step-list"], margin=(0, 5), **kw)
+        self._step_list.on_click(self._on_click)
+        self._summary = pn.pane.HTML("", css_classes=["diff-summary"], margin=(0, 5), **kw)
+        self._scatter = pn.pane.HoloViews(None, css_classes=["diff-scatter"], height=SCATTER_H + 10, width=430,
+                                          margin=(0, 5))
+        self._movers = ClickableHTML(object="", css_classes=["diff-movers"], margin=(0, 5), **kw)
+        self._movers.on_click(self._on_click)
+
+        def pick(p, name, width, cls):
+            return pn.widgets.Select.from_param(p, name=name, width=width, css_classes=[cls])
+
+        def head(title: str) -> pn.pane.HTML:
+            return pn.pane.HTML(f'<div class="tl-head">{esc(title)}</div>', stylesheets=[TL_CSS], margin=(6, 10, 0, 10))
+        timeline = pn.Column(
+            head("Timeline: one prompt across training steps"),
+            pn.Row(pick(self.param.run, "Run (2+ training steps)", 300, "timeline-run"),
+                   pn.widgets.TextInput.from_param(self.param.search, name="Search prompts", width=200,
+                                                   placeholder="text in the prompt", css_classes=["timeline-search"]),
+                   pick(self.param.prompt, "Prompt (most steps, biggest change first)", 480, "timeline-prompt"),
+                   pick(self.param.step, "Step", 120, "timeline-step")),
+            self._prompt_info, self._plot, self._step_list, sizing_mode="stretch_width")
+        diff = pn.Column(
+            head("Run diff: side A against side B on shared prompts"),
+            pn.Row(pick(self.param.a_run, "A: run", 270, "diff-a-run"), pick(self.param.a_step, "A: step", 120,
+                                                                               "diff-a-step"),
+                   pn.pane.HTML('<div style="padding-top:26px;color:#868e96">vs</div>', width=24),
+                   pick(self.param.b_run, "B: run", 270, "diff-b-run"), pick(self.param.b_step, "B: step", 120,
+                                                                               "diff-b-step")),
+            self._summary,
+            pn.Row(self._scatter, pn.Column(self._movers, sizing_mode="stretch_width"), sizing_mode="stretch_width"),
+            sizing_mode="stretch_width")
+        self._layout = pn.Column(timeline, pn.layout.Divider(), diff, sizing_mode="stretch_width",
+                                 css_classes=["timeline-panel"])
+        self._render()
+
+    # -- background queries ---------------------------------------------------------------
+    def _background(self, kind: str, work: Callable[[], object], done: Callable[[object], None],
+                    failed: Callable[[str], None]) -> None:
+        """Run ``work`` in a thread, then ``done(result)`` in the session, unless a newer
+        request of the same ``kind`` was made meanwhile (its result wins)."""
+        self._tokens[kind] = token = self._tokens.get(kind, 0) + 1
+        if pn.state.curdoc is None or pn.state.curdoc.session_context is None:  # not served (a script): inline
+            try:
+                result = work()
+            except StoreError as exc:
+                failed(str(exc))
+                return
+            done(result)
+            return
+
+        async def task():
+            try:
+                result = await asyncio.to_thread(work)
+            except StoreError as exc:  # e.g. past the query time limit: say so in place
+                if self._tokens.get(kind) == token:
+                    failed(str(exc))
+                return
+            if self._tokens.get(kind) == token:
+                done(result)
+
+        pn.state.execute(task)
+
+    # -- choices --------------------------------------------------------------------------
+    @param.depends("state.refresh", "state.rule_version", watch=True)
+    def _render(self) -> None:
+        """Everything again: pickers from the store, the prompt list, the timeline, the diff."""
+        if self._defer():
+            return
+        store = self.state.store
+        picked = [self._all_runs.get(self.a_run), self._all_runs.get(self.b_run)]
+
+        def work():
+            runs = tl.runs_with_steps(store)
+            # the steps of the runs the sides will show, read here rather than on the event loop
+            wanted = {r for r in [*picked, *runs["run_id"][:1]] if r}
+            return runs, run_choices(store), {r: [int(s) for s in tl.run_steps(store, r)["train_step"]]
+                                              for r in wanted}
+
+        self._background("choices", work, lambda res: self._fill(*res),
+                         lambda msg: setattr(self._prompt_info, "object", banner("error", msg)))
+
+    def _fill(self, runs: pd.DataFrame, every: dict[str, str], steps: dict[str, list[int]]) -> None:
+        """Fill the pickers from the store's runs (keeping what is picked), then load the views."""
+        self._run_steps = dict(steps)
+        self._runs = {f"{r.name} · {r.kind} · {r.steps} steps · {r.run_id[-6:]}": r.run_id
+                      for r in runs.itertuples()}
+        self._all_runs = every
+        first_time = not self._loaded
+        self._loaded = True
+        self._quiet = True
+        try:
+            with param.parameterized.batch_call_watchers(self):
+                self.param.run.objects = list(self._runs)
+                if self.run not in self._runs:
+                    self.run = next(iter(self._runs), None)
+                labels = list(every)
+                self.param.a_run.objects = labels
+                self.param.b_run.objects = labels
+                if first_time or self.a_run not in every or self.b_run not in every:
+                    self._default_sides(runs)
+                self._set_steps(self.a_run, "a")
+                self._set_steps(self.b_run, "b")
+        finally:
+            self._quiet = False
+        self._load_prompts()
+        self._load_diff()
+
+    def _default_sides(self, runs: pd.DataFrame) -> None:
+        """First against last step of the newest run with steps; else the two newest runs."""
+        labels = list(self._all_runs)
+        if not labels:
+            self.a_run = self.b_run = None
+            return
+        if len(runs):
+            r = runs.iloc[0]
+            label = next(k for k, v in self._all_runs.items() if v == r.run_id)
+            self.a_run = self.b_run = label
+            self._set_steps(label, "a", f"step {int(r.first_step)}")
+            self._set_steps(label, "b", f"step {int(r.last_step)}")
+        else:
+            self.a_run, self.b_run = labels[min(1, len(labels) - 1)], labels[0]
+
+    def _set_steps(self, run_label: str | None, side: str, value: str | None = None) -> None:
+        run_id = self._all_runs.get(run_label)
+        if run_id and run_id not in self._run_steps:
+            self._run_steps[run_id] = [int(s) for s in tl.run_steps(self.state.store, run_id)["train_step"]]
+        objs = [WHOLE_RUN] + [f"step {s}" for s in self._run_steps.get(run_id, [])]
+        p = self.param[f"{side}_step"]
+        p.objects = objs
+        cur = getattr(self, f"{side}_step")
+        want = value if value in objs else cur if cur in objs else WHOLE_RUN
+        if want != cur:
+            setattr(self, f"{side}_step", want)
+
+    @param.depends("a_run", "b_run", watch=True)
+    def _sync_sides(self) -> None:
+        """A side's run changed: offer its steps (keeping the picked one when it has it), then diff."""
+        if self._quiet or self._defer():
+            return
+        self._quiet = True
+        try:
+            with param.parameterized.batch_call_watchers(self):
+                self._set_steps(self.a_run, "a")
+                self._set_steps(self.b_run, "b")
+        finally:
+            self._quiet = False
+        self._load_diff()
+
+    def side(self, which: str) -> Side | None:
+        """Side ``"a"`` or ``"b"`` as picked."""
+        run = self._all_runs.get(getattr(self, f"{which}_run"))
+        step = getattr(self, f"{which}_step")
+        if not run:
+            return None
+        return Side(run, None if step == WHOLE_RUN else int(step.split()[-1]))
+
+    # -- timeline -------------------------------------------------------------------------
+    def run_id(self) -> str | None:
+        return self._runs.get(self.run)
+
+    def prompt_id(self) -> str | None:
+        return self._prompts.get(self.prompt)
+
+    @param.depends("run", "search", watch=True)
+    def _load_prompts(self) -> None:
+        if self._quiet or self._defer():
+            return
+        run_id, search = self.run_id(), self.search
+        rv = self.state.rule_version or None
+        if not run_id:
+            self._set_prompts(pd.DataFrame())
+            return
+        self._background("prompts", lambda: tl.prompts_across_steps(self.state.store, run_id, search=search,
+                                                                    rule_version_id=rv),
+                         self._set_prompts, lambda msg: setattr(self._prompt_info, "object", banner("error", msg)))
+
+    def _set_prompts(self, df: pd.DataFrame) -> None:
+        labels: dict[str, str] = {}
+        for r in df.itertuples():
+            change = f"{fmt_num(r.reward_first, '.2f')}→{fmt_num(r.reward_last, '.2f')}"
+            text = " ".join(str(r.prompt).split())
+            labels[f"{text[:70]} · {r.steps} steps · {change} · {r.prompt_id[-5:]}"] = r.prompt_id
+        pin = self._pin if self._pin and self._pin[2] == self.run_id() else None
+        if pin and pin[1] not in labels.values():
+            labels = {pin[0]: pin[1], **labels}
+        self._prompts = labels
+        keep = next(k for k, v in labels.items() if v == pin[1]) if pin else None
+        keep = keep or (self.prompt if self.prompt in labels else None)
+        self._pin = None  # kept once: the next list (another run, a search) is the user's
+        self.param.prompt.objects = list(labels)
+        new = keep or next(iter(labels), None)
+        if new != self.prompt:
+            self.prompt = new
+        else:
+            self._load_timeline()
+
+    def show_prompt(self, prompt_id: str, run_id: str | None = None, step: int | None = None) -> bool:
+        """Show ``prompt_id``'s timeline (in ``run_id`` when it has 2+ steps, else the current
+        run), with ``step`` listed. False when the prompt is not in the store."""
+        st = self.state
+        label = next((k for k, v in self._runs.items() if v == run_id), None) if run_id else None
+        text = tl.prompt_text(st.store, prompt_id)
+        if text is None:
+            return False
+        plabel = next((k for k, v in self._prompts.items() if v == prompt_id), None)
+        if plabel is None:
+            plabel = f"{' '.join(text.split())[:70]} · {prompt_id[-5:]}"
+        self._want_step = step
+        if label and label != self.run:
+            self._pin = (plabel, prompt_id, run_id)
+            self.run = label  # reloads the prompt list, which keeps the pinned prompt
+            return True
+        if plabel not in self._prompts:
+            self._prompts = {plabel: prompt_id, **self._prompts}
+            self.param.prompt.objects = list(self._prompts)
+        if self.prompt != plabel:
+            self.prompt = plabel
+        else:
+            self._load_timeline()
+        return True
+
+    @param.depends("state.rollout_id", watch=True)
+    def _follow_selection(self) -> None:
+        """A rollout selected anywhere: show its prompt's timeline in its run (when that run has steps)."""
+        rid = self.state.rollout_id
+        if not rid or not self._loaded:
+            return
+        if rid in set(self._step_rows.get("rollout_id", [])):  # picked in our own list: just re-mark it
+            self._draw_steps()
+            return
+        try:
+            place = tl.rollout_place(self.state.store, rid)
+        except StoreError:
+            return
+        if place is None or place["train_step"] is None or place["run_id"] not in self._runs.values():
+            return
+        self.show_prompt(place["prompt_id"], place["run_id"], place["train_step"])
+
+    @param.depends("prompt", watch=True)
+    def _load_timeline(self) -> None:
+        if self._defer():
+            return
+        pid, run_id, rv = self.prompt_id(), self.run_id(), self.state.rule_version or None
+        if not pid or not run_id:
+            self._timeline = pd.DataFrame()
+            self._plot.object = None
+            self._step_list.object = ""
+            msg = ("No run has rollouts at 2+ training steps yet: mini-runs and imported training runs do."
+                   if not self._runs else "No prompt of this run was sampled at 2+ steps." if run_id else "")
+            self._prompt_info.object = f'<div class="empty">{esc(msg)}</div>' if msg else ""
+            return
+        self._background("timeline", lambda: (tl.prompt_timeline(self.state.store, pid, run_id, rv),
+                                              tl.prompt_text(self.state.store, pid)),
+                         lambda res: self._show_timeline(*res),
+                         lambda msg: setattr(self._prompt_info, "object", banner("error", msg)))
+
+    def _show_timeline(self, df: pd.DataFrame, text: str | None) -> None:
+        self._timeline = df
+        steps = [int(s) for s in df["train_step"]] if len(df) else []
+        self._steps = {f"step {s}": s for s in steps}
+        want, self._want_step = self._want_step, None
+        cur = self._steps.get(self.step)
+        pick = want if want in steps else cur if cur in steps else (steps[-1] if steps else None)
+        if len(df):
+            first, last = df.iloc[0], df.iloc[-1]
+            no_tok = int((df["with_tokens"] == 0).sum())
+            self._prompt_info.object = (
+                f'<div class="prompt-text">{esc(text or "")}</div>'
+                f'<div class="meta-line"><span>seen at <b>{len(df)}</b> steps ({steps[0]}–{steps[-1]})</span>'
+                f'<span><b>{int(df["n"].sum()):,}</b> completions</span>'
+                f'<span>mean reward <b>{fmt_num(first.reward_mean, ".3f")}</b> → <b>{fmt_num(last.reward_mean, ".3f")}'
+                f'</b></span><span>accuracy <b>{fmt_num(first.accuracy, ".2f")}</b> → '
+                f'<b>{fmt_num(last.accuracy, ".2f")}</b></span>'
+                f'<span>all-equal steps <b>{int(df["all_equal"].eq(True).sum())}</b></span>'
+                + (f'<span class="muted">{no_tok} step{"s" if no_tok > 1 else ""} without tokens (entropy not '
+                   'known)</span>' if no_tok else "")
+                + '</div>')
+        else:
+            self._prompt_info.object = '<div class="empty">This prompt has no rollouts at a training step here.</div>'
+        self.param.step.objects = list(self._steps)
+        label = f"step {pick}" if pick is not None else None
+        if label != self.step:
+            self.step = label  # lists the step's completions and redraws the plot
+        else:
+            self._draw_plot()
+            self._load_step()
+
+    def _draw_plot(self) -> None:
+        df = self._timeline
+        if df.empty:
+            self._plot.object = None
+            return
+        hv = _hv()
+        reward, entropy, length = timeline_plots(df, self._steps.get(self.step))
+        layout = hv.Layout([reward, entropy, length]).cols(3).opts(shared_axes=False, toolbar=None)
+        tap = hv.streams.Tap(source=reward, x=None)  # a click on the reward plot lists that step
+        tap.add_subscriber(self._on_tap)
+        self._plot.object = layout
+
+    def _on_tap(self, x=None, y=None) -> None:
+        if x is None or self._timeline.empty:
+            return
+        steps = self._timeline["train_step"].to_numpy()
+        nearest = int(steps[np.argmin(np.abs(steps - x))])
+        label = f"step {nearest}"
+        if label in self._steps and label != self.step:
+            self.step = label
+
+    @param.depends("step", watch=True)
+    def _on_step(self) -> None:
+        if self._defer():
+            return
+        self._draw_plot()
+        self._load_step()
+
+    @param.depends("state.estimator", "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam",
+                   "state.value_source", watch=True)
+    def _on_credit(self) -> None:
+        """The sidebar's advantage settings changed: the step list's advantages follow."""
+        if not self._defer():
+            self._load_step()
+
+    def _load_step(self) -> None:
+        pid, run_id, step = self.prompt_id(), self.run_id(), self._steps.get(self.step)
+        if not pid or not run_id or step is None:
+            self._step_rows = pd.DataFrame()
+            self._step_list.object = ""
+            return
+        st = self.state
+        rv, cr = st.rule_version or None, st.credit()
+        self._background("step", lambda: tl.timeline_rollouts(st.store, pid, run_id, step, rv, cr),
+                         lambda df: self._show_step(step, pid, df),
+                         lambda msg: setattr(self._step_list, "object", banner("error", msg)))
+
+    def _show_step(self, step: int, pid: str, df: pd.DataFrame) -> None:
+        self._step_rows = df
+        self._step_label = step
+        self._step_prompt = pid
+        self._draw_steps()
+
+    def _draw_steps(self) -> None:
+        df = self._step_rows
+        head = (f'<div class="meta-line"><b>step {self._step_label}</b><span>{len(df)} completions'
+                f'{" (first " + str(tl.MAX_STEP_ROLLOUTS) + ")" if len(df) >= tl.MAX_STEP_ROLLOUTS else ""}</span>'
+                '<span class="muted">click one to open it in the token strip</span></div>')
+        self._step_list.object = head + steps_html(df, self.state.rollout_id, self._step_prompt, self._step_label)
+
+    def _on_click(self, kind: str, value: str) -> None:
+        if kind == "open" and value:
+            self.state.open_rollout(value)
+        elif kind == "mover" and value:
+            d = self._diff
+            runs = [s.run_id for s in (d.b, d.a)] if d else []
+            run = next((r for r in runs if r in self._runs.values()), None)
+            self.show_prompt(value, run)
+
+    # -- run diff -------------------------------------------------------------------------
+    @param.depends("a_step", "b_step", watch=True)
+    def _load_diff(self) -> None:
+        if self._quiet or self._defer():
+            return
+        a, b = self.side("a"), self.side("b")
+        if a is None or b is None:
+            self._summary.object = '<div class="empty">No runs with rollouts yet.</div>'
+            self._scatter.object, self._movers.object = None, ""
+            return
+        rv = self.state.rule_version or None
+        self._summary.object = '<div class="empty">comparing…</div>'
+        self._background("diff", lambda: tl.run_diff(self.state.store, a, b, rv), self._show_diff,
+                         lambda msg: setattr(self._summary, "object", banner("error", msg)))
+
+    def _show_diff(self, d: tl.RunDiff) -> None:
+        self._diff = d
+        self._summary.object = summary_html(d)
+        if d.n == 0:
+            self._scatter.object, self._movers.object = None, ""
+            return
+        m = d.movers(N_MOVERS)
+        self._scatter.object = diff_scatter(d, m)
+        self._movers.object = movers_html(m)
+
+    def __panel__(self):
+        return self._layout
