@@ -65,7 +65,7 @@ def test_import_skip_enrich_tail_and_sql(page, tmp_path):
     page.locator(".sql-examples select").select_option("Imported files")
     page.locator(".sql-run button").click()
     wait_text(page, page.locator(".sql-message"), "3 rows", timeout_s=30)
-    assert "3.jsonl" in text(page.locator(".sql-result"))
+    wait_text(page, page.locator(".sql-result"), "3.jsonl", timeout_s=30)
     editor = page.locator(".sql-editor .ace_text-input")
     editor.focus()
     page.keyboard.press("Control+a")
