@@ -74,6 +74,16 @@ def needs_enrich(store: Store, run_id: str | None = None, rollout_ids: list[str]
         ORDER BY ro.rollout_id {lim}""", params + params)
 
 
+def runs_to_enrich(store: Store, limit: int = 200) -> pd.DataFrame:
+    """Runs with their rollout count and how many have no token rows (``bare``), those with
+    bare rollouts first (newest first within each)."""
+    return store.df("""
+        SELECT r.run_id, any_value(r.name) AS name, any_value(r.kind) AS kind, count(ro.rollout_id) AS n,
+               count(ro.rollout_id) FILTER (WHERE ro.n_tokens IS NULL) AS bare, any_value(r.created_at) AS created_at
+        FROM runs r JOIN rollouts ro USING (run_id) GROUP BY r.run_id
+        ORDER BY bare > 0 DESC, created_at DESC LIMIT ?""", [int(limit)])
+
+
 def _batch_rows(store: Store, ids: list[str]) -> pd.DataFrame:
     return store.df("""
         SELECT ro.rollout_id, p.text AS prompt, ro.text AS completion, ro.finish_reason,
