@@ -153,54 +153,80 @@ def steps_html(df: pd.DataFrame, selected: str, prompt_id: str = "", step: int |
             + "".join(rows) + "</table>")
 
 
-def timeline_plots(df: pd.DataFrame, step: int | None):
-    """Reward (mean, min–max band, accuracy share, all-equal steps), token entropy and length
-    over the training steps of one prompt; ``step`` is marked."""
+def step_line(step: int | None, spans: dict | None):
+    """A dotted line at ``step``. Its Bokeh ``Span`` is kept in ``spans`` when the plot is
+    built, so a later step moves the line (``span.location``) without redrawing the plots."""
     hv = _hv()
-    x = ("train_step", "training step")
-    mark = [hv.VLine(step).opts(color=STEP_COLOR, line_dash="dotted", line_width=1.5)] if step is not None else []
-    hover = ["train_step", "reward_mean", "reward_min", "reward_max", "accuracy", "n"]
-    band = hv.Area(df, x, [("reward_min", "reward"), ("reward_max", "reward max")], label="min–max").opts(
-        color=ACCENT, alpha=0.13, line_alpha=0)
-    mean = hv.Curve(df, x, [("reward_mean", "reward"), *hover[2:]], label="mean reward").opts(
-        color=ACCENT, line_width=2.2, tools=["hover"])
-    dots = hv.Scatter(df, x, [("reward_mean", "reward"), *hover[2:]]).opts(color=ACCENT, size=5, tools=["hover", "tap"])
-    acc = hv.Curve(df.dropna(subset=["accuracy"]), x, [("accuracy", "reward")], label="accuracy").opts(
-        color=OK_COLOR, line_width=1.8, line_dash="dashed")
+
+    def grab(plot, element):
+        if spans is not None:
+            span = plot.handles["glyph"]
+            spans[id(span)] = span
+    return hv.VLine(step if step is not None else 0).opts(
+        color=STEP_COLOR, line_dash="dotted", line_width=1.5, alpha=1 if step is not None else 0, hooks=[grab])
+
+
+X = ("train_step", "training step")
+
+
+def reward_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
+    """Mean reward with the min–max band of the step's completions, the accuracy share and
+    the all-equal steps (hollow red), over the training steps."""
+    hv = _hv()
+    hover = ["reward_min", "reward_max", "accuracy", "n"]
     eq = df[df["all_equal"].eq(True)]  # an object column: True, False or None (unscored)
-    flat = [hv.Scatter(eq, x, [("reward_mean", "reward")], label="all equal").opts(
+    flat = [hv.Scatter(eq, X, [("reward_mean", "reward")], label="all equal").opts(
         fill_color="white", line_color=BAD_COLOR, marker="circle", size=9, line_width=1.5)] if len(eq) else []
-    reward = hv.Overlay([band, mean, dots, acc, *flat, *mark]).opts(
-        **_opts(title="Reward over steps", ylabel="reward · accuracy share", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08),
-                **LEGEND_TOP))
-    ent = df  # steps without tokens stay in as NaN: the line breaks there instead of bridging them
-    if df["entropy"].isna().all():
-        entropy = hv.Text(0.5, 0.5, "no tokens stored\nfor these completions").opts(
-            **_opts(title="Mean token entropy", height=PLOT_H, xaxis=None, yaxis=None, text_color="#868e96",
-                    text_font_size="11pt"))
-    else:
-        entropy = hv.Overlay([
-            hv.Curve(ent, x, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, line_width=2),
-            hv.Scatter(ent, x, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, size=5,
-                                                                          tools=["hover"]), *mark]).opts(
-            **_opts(title="Mean token entropy (nats)", ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
-    length = hv.Overlay([
-        hv.Curve(df, x, [("length", "tokens")]).opts(color=LENGTH_COLOR, line_width=2),
-        hv.Scatter(df, x, [("length", "tokens")]).opts(color=LENGTH_COLOR, size=5, tools=["hover"]), *mark]).opts(
-        **_opts(title="Mean completion length", ylabel="tokens", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
-    return reward, entropy, length
+    return hv.Overlay([
+        hv.Area(df, X, [("reward_min", "reward"), ("reward_max", "reward max")], label="min–max").opts(
+            color=ACCENT, alpha=0.13, line_alpha=0),
+        hv.Curve(df, X, [("reward_mean", "reward"), *hover], label="mean reward").opts(color=ACCENT, line_width=2.2),
+        hv.Scatter(df, X, [("reward_mean", "reward"), *hover]).opts(color=ACCENT, size=5, tools=["hover"]),
+        hv.Curve(df, X, [("accuracy", "reward")], label="accuracy").opts(color=OK_COLOR, line_width=1.8,
+                                                                         line_dash="dashed"),
+        *flat, step_line(step, spans)]).opts(
+        **_opts(title="Reward over steps", ylabel="reward · accuracy share", xlabel="training step", height=PLOT_H,
+                padding=(0.03, 0.08), **LEGEND_TOP))
 
 
-def diff_scatter(d: tl.RunDiff, movers: pd.DataFrame):
+def entropy_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
+    """Mean token entropy over all tokens of each step's completions; a step without tokens
+    is a gap (NaN), not a zero."""
+    hv = _hv()
+    none = df["entropy"].isna().all()
+    return hv.Overlay([
+        hv.Curve(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, line_width=2),
+        hv.Scatter(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, size=5, tools=["hover"]),
+        step_line(step, spans)]).opts(
+        **_opts(title="Mean token entropy: no tokens stored" if none else "Mean token entropy (nats)",
+                ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
+
+
+def length_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
+    """Mean completion length (tokens) over the training steps."""
+    hv = _hv()
+    return hv.Overlay([
+        hv.Curve(df, X, [("length", "tokens")]).opts(color=LENGTH_COLOR, line_width=2),
+        hv.Scatter(df, X, [("length", "tokens")]).opts(color=LENGTH_COLOR, size=5, tools=["hover"]),
+        step_line(step, spans)]).opts(
+        **_opts(title="Mean completion length", ylabel="tokens", xlabel="training step", height=PLOT_H,
+                padding=(0.03, 0.08)))
+
+
+def scatter_points(d: tl.RunDiff, movers: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The shared prompts the scatter draws (a seeded sample past ``MAX_SCATTER``, the
+    movers always in it) and the note saying so."""
+    df = d.per_prompt.dropna(subset=["reward_a", "reward_b"])
+    if len(df) <= MAX_SCATTER:
+        return df, ""
+    keep = set(movers["prompt_id"])
+    rest = df[~df["prompt_id"].isin(keep)].sample(MAX_SCATTER - len(keep), random_state=0)
+    return pd.concat([df[df["prompt_id"].isin(keep)], rest]), f" ({MAX_SCATTER:,} of {len(df):,} shown)"
+
+
+def diff_scatter(df: pd.DataFrame, note: str = ""):
     """Per-prompt mean reward, A against B, with the diagonal; coloured by who is higher."""
     hv = _hv()
-    df = d.per_prompt.dropna(subset=["reward_a", "reward_b"])
-    note = ""
-    if len(df) > MAX_SCATTER:  # a seeded sample keeps the plot light; the movers are always in it
-        keep = set(movers["prompt_id"])
-        rest = df[~df["prompt_id"].isin(keep)].sample(MAX_SCATTER - len(keep), random_state=0)
-        note = f" ({MAX_SCATTER:,} of {len(df):,} shown)"
-        df = pd.concat([df[df["prompt_id"].isin(keep)], rest])
     lo = float(min(df["reward_a"].min(), df["reward_b"].min())) if len(df) else 0.0
     hi = float(max(df["reward_a"].max(), df["reward_b"].max())) if len(df) else 1.0
     pad = (hi - lo) * 0.05 or 0.05
@@ -211,13 +237,23 @@ def diff_scatter(d: tl.RunDiff, movers: pd.DataFrame):
     for name, sel, color in (("B higher", df["delta"] > tl.EQUAL_TOL, ACCENT),
                              ("A higher", df["delta"] < -tl.EQUAL_TOL, BAD_COLOR),
                              ("equal", df["delta"].abs() <= tl.EQUAL_TOL, TIE_COLOR)):
-        part = df[sel]
-        if len(part):
-            layers.append(hv.Scatter(part, x, vd, label=f"{name} ({len(part):,})").opts(
-                color=color, size=6, alpha=0.55, tools=["hover"]))
+        if sel.any():
+            layers.append(hv.Scatter(df[sel], x, vd, label=name).opts(color=color, size=6, alpha=0.55,
+                                                                      tools=["hover"]))
     return hv.Overlay(layers).opts(**_opts(
         title=f"Mean reward per shared prompt{note}", xlabel="mean reward, A", ylabel="mean reward, B",
         height=SCATTER_H, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad), **LEGEND_TOP))
+
+
+def set_choices(obj: param.Parameterized, name: str, objects: list, value) -> None:
+    """Give selector ``name`` new ``objects`` and then ``value``, sent to the browser as one
+    patch: a Select shown options without its value (or a value without its options) shows
+    the wrong choice. The widget may pass through its first option on the way: callers hold
+    their watchers off while they call this (``_quiet``)."""
+    with pn.io.hold():
+        obj.param[name].objects = objects
+        if getattr(obj, name) != value:
+            setattr(obj, name, value)
 
 
 class TimelinePanel(LazyView):
@@ -229,9 +265,9 @@ class TimelinePanel(LazyView):
     prompt = param.Selector(default=None, objects=[], allow_None=True, doc="Prompt whose timeline is shown.")
     step = param.Selector(default=None, objects=[], allow_None=True, doc="Training step whose completions are listed.")
     a_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side A: run.")
-    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], doc="Side A: one training step, or the whole run.")
+    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side A: one training step, or the whole run.")
     b_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side B: run.")
-    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], doc="Side B: one training step, or the whole run.")
+    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side B: one training step, or the whole run.")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -248,7 +284,8 @@ class TimelinePanel(LazyView):
         self._step_rows = pd.DataFrame()
         self._diff: tl.RunDiff | None = None
         self._tokens: dict[str, int] = {}  # request kind -> number of the newest request
-        self._run_steps: dict[str, list[int]] = {}  # run id -> its training steps (until the store changes)
+        self._run_steps: dict[str, list[int]] = {}
+        self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen  # run id -> its training steps (until the store changes)
         self._loaded = False
         kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
         self._prompt_info = pn.pane.HTML("", css_classes=["timeline-info"], margin=(0, 5), **kw)
@@ -344,15 +381,13 @@ class TimelinePanel(LazyView):
         self._loaded = True
         self._quiet = True
         try:
-            with param.parameterized.batch_call_watchers(self):
-                self.param.run.objects = list(self._runs)
-                if self.run not in self._runs:
-                    self.run = next(iter(self._runs), None)
-                labels = list(every)
-                self.param.a_run.objects = labels
-                self.param.b_run.objects = labels
-                if first_time or self.a_run not in every or self.b_run not in every:
-                    self._default_sides(runs)
+            set_choices(self, "run", list(self._runs),
+                        self.run if self.run in self._runs else next(iter(self._runs), None))
+            if first_time or self.a_run not in every or self.b_run not in every:
+                self._default_sides(runs)
+            else:
+                set_choices(self, "a_run", list(every), self.a_run)
+                set_choices(self, "b_run", list(every), self.b_run)
                 self._set_steps(self.a_run, "a")
                 self._set_steps(self.b_run, "b")
         finally:
@@ -363,29 +398,26 @@ class TimelinePanel(LazyView):
     def _default_sides(self, runs: pd.DataFrame) -> None:
         """First against last step of the newest run with steps; else the two newest runs."""
         labels = list(self._all_runs)
-        if not labels:
-            self.a_run = self.b_run = None
-            return
+        a = b = None
+        a_step = b_step = None
         if len(runs):
             r = runs.iloc[0]
-            label = next(k for k, v in self._all_runs.items() if v == r.run_id)
-            self.a_run = self.b_run = label
-            self._set_steps(label, "a", f"step {int(r.first_step)}")
-            self._set_steps(label, "b", f"step {int(r.last_step)}")
-        else:
-            self.a_run, self.b_run = labels[min(1, len(labels) - 1)], labels[0]
+            a = b = next(k for k, v in self._all_runs.items() if v == r.run_id)
+            a_step, b_step = f"step {int(r.first_step)}", f"step {int(r.last_step)}"
+        elif labels:
+            a, b = labels[min(1, len(labels) - 1)], labels[0]
+        set_choices(self, "a_run", labels, a)
+        set_choices(self, "b_run", labels, b)
+        self._set_steps(a, "a", a_step)
+        self._set_steps(b, "b", b_step)
 
     def _set_steps(self, run_label: str | None, side: str, value: str | None = None) -> None:
         run_id = self._all_runs.get(run_label)
         if run_id and run_id not in self._run_steps:
             self._run_steps[run_id] = [int(s) for s in tl.run_steps(self.state.store, run_id)["train_step"]]
         objs = [WHOLE_RUN] + [f"step {s}" for s in self._run_steps.get(run_id, [])]
-        p = self.param[f"{side}_step"]
-        p.objects = objs
         cur = getattr(self, f"{side}_step")
-        want = value if value in objs else cur if cur in objs else WHOLE_RUN
-        if want != cur:
-            setattr(self, f"{side}_step", want)
+        set_choices(self, f"{side}_step", objs, value if value in objs else cur if cur in objs else WHOLE_RUN)
 
     @param.depends("a_run", "b_run", watch=True)
     def _sync_sides(self) -> None:
@@ -394,9 +426,8 @@ class TimelinePanel(LazyView):
             return
         self._quiet = True
         try:
-            with param.parameterized.batch_call_watchers(self):
-                self._set_steps(self.a_run, "a")
-                self._set_steps(self.b_run, "b")
+            self._set_steps(self.a_run, "a")
+            self._set_steps(self.b_run, "b")
         finally:
             self._quiet = False
         self._load_diff()
@@ -442,12 +473,13 @@ class TimelinePanel(LazyView):
         keep = next(k for k, v in labels.items() if v == pin[1]) if pin else None
         keep = keep or (self.prompt if self.prompt in labels else None)
         self._pin = None  # kept once: the next list (another run, a search) is the user's
-        self.param.prompt.objects = list(labels)
         new = keep or next(iter(labels), None)
-        if new != self.prompt:
-            self.prompt = new
-        else:
-            self._load_timeline()
+        self._quiet = True
+        try:
+            set_choices(self, "prompt", list(labels), new)
+        finally:
+            self._quiet = False
+        self._load_timeline()
 
     def show_prompt(self, prompt_id: str, run_id: str | None = None, step: int | None = None) -> bool:
         """Show ``prompt_id``'s timeline (in ``run_id`` when it has 2+ steps, else the current
@@ -465,13 +497,13 @@ class TimelinePanel(LazyView):
             self._pin = (plabel, prompt_id, run_id)
             self.run = label  # reloads the prompt list, which keeps the pinned prompt
             return True
-        if plabel not in self._prompts:
-            self._prompts = {plabel: prompt_id, **self._prompts}
-            self.param.prompt.objects = list(self._prompts)
-        if self.prompt != plabel:
-            self.prompt = plabel
-        else:
-            self._load_timeline()
+        self._prompts = {plabel: prompt_id, **self._prompts}
+        self._quiet = True
+        try:
+            set_choices(self, "prompt", list(self._prompts), plabel)
+        finally:
+            self._quiet = False
+        self._load_timeline()
         return True
 
     @param.depends("state.rollout_id", watch=True)
@@ -493,12 +525,12 @@ class TimelinePanel(LazyView):
 
     @param.depends("prompt", watch=True)
     def _load_timeline(self) -> None:
-        if self._defer():
+        if self._quiet or self._defer():
             return
         pid, run_id, rv = self.prompt_id(), self.run_id(), self.state.rule_version or None
         if not pid or not run_id:
             self._timeline = pd.DataFrame()
-            self._plot.object = None
+            self._plot.visible = False
             self._step_list.object = ""
             msg = ("No run has rollouts at 2+ training steps yet: mini-runs and imported training runs do."
                    if not self._runs else "No prompt of this run was sampled at 2+ steps." if run_id else "")
@@ -510,6 +542,10 @@ class TimelinePanel(LazyView):
                          lambda msg: setattr(self._prompt_info, "object", banner("error", msg)))
 
     def _show_timeline(self, df: pd.DataFrame, text: str | None) -> None:
+        with pn.io.hold():  # the prompt's line, its step picker and its plots reach the browser together
+            self._show_timeline_now(df, text)
+
+    def _show_timeline_now(self, df: pd.DataFrame, text: str | None) -> None:
         self._timeline = df
         steps = [int(s) for s in df["train_step"]] if len(df) else []
         self._steps = {f"step {s}": s for s in steps}
@@ -532,22 +568,27 @@ class TimelinePanel(LazyView):
                 + '</div>')
         else:
             self._prompt_info.object = '<div class="empty">This prompt has no rollouts at a training step here.</div>'
-        self.param.step.objects = list(self._steps)
         label = f"step {pick}" if pick is not None else None
-        if label != self.step:
-            self.step = label  # lists the step's completions and redraws the plot
-        else:
-            self._draw_plot()
-            self._load_step()
+        self._quiet = True  # the plot is drawn below with the new step marked
+        try:
+            set_choices(self, "step", list(self._steps), label)
+        finally:
+            self._quiet = False
+        self._draw_plot()
+        self._load_step()
 
     def _draw_plot(self) -> None:
+        """Draw the timeline's plots for a new prompt (a new step only moves the marker)."""
         df = self._timeline
+        self._plot.visible = not df.empty
         if df.empty:
-            self._plot.object = None
             return
         hv = _hv()
-        reward, entropy, length = timeline_plots(df, self._steps.get(self.step))
-        layout = hv.Layout([reward, entropy, length]).cols(3).opts(shared_axes=False, toolbar=None)
+        self._spans = {}
+        step = self._steps.get(self.step)
+        reward = reward_plot(df, step, self._spans)
+        layout = hv.Layout([reward, entropy_plot(df, step, self._spans), length_plot(df, step, self._spans)]).cols(
+            3).opts(shared_axes=False, toolbar=None)
         tap = hv.streams.Tap(source=reward, x=None)  # a click on the reward plot lists that step
         tap.add_subscriber(self._on_tap)
         self._plot.object = layout
@@ -563,9 +604,15 @@ class TimelinePanel(LazyView):
 
     @param.depends("step", watch=True)
     def _on_step(self) -> None:
-        if self._defer():
+        if self._quiet or self._defer():
             return
-        self._draw_plot()
+        step, spans = self._steps.get(self.step), list(self._spans.values())
+
+        def move() -> None:  # the plots stay; only the marker moves
+            for span in spans:
+                span.update(location=step if step is not None else 0, line_alpha=1 if step is not None else 0)
+
+        pn.state.execute(move, schedule=True)  # a Bokeh model: changed on a next tick, under the document lock
         self._load_step()
 
     @param.depends("state.estimator", "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam",
@@ -617,7 +664,7 @@ class TimelinePanel(LazyView):
         a, b = self.side("a"), self.side("b")
         if a is None or b is None:
             self._summary.object = '<div class="empty">No runs with rollouts yet.</div>'
-            self._scatter.object, self._movers.object = None, ""
+            self._scatter.visible, self._movers.object = False, ""
             return
         rv = self.state.rule_version or None
         self._summary.object = '<div class="empty">comparing…</div>'
@@ -626,13 +673,15 @@ class TimelinePanel(LazyView):
 
     def _show_diff(self, d: tl.RunDiff) -> None:
         self._diff = d
-        self._summary.object = summary_html(d)
-        if d.n == 0:
-            self._scatter.object, self._movers.object = None, ""
-            return
-        m = d.movers(N_MOVERS)
-        self._scatter.object = diff_scatter(d, m)
-        self._movers.object = movers_html(m)
+        with pn.io.hold():  # summary, scatter and movers reach the browser together
+            self._scatter.visible = d.n > 0
+            if d.n > 0:
+                m = d.movers(N_MOVERS)
+                self._scatter.object = diff_scatter(*scatter_points(d, m))
+                self._movers.object = movers_html(m)
+            else:
+                self._movers.object = ""
+            self._summary.object = summary_html(d)
 
     def __panel__(self):
         return self._layout
