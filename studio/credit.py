@@ -202,7 +202,8 @@ def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter()) -> pd.
     and ``char_end`` (where the step ends in the completion). Special tokens (``<eos>``)
     count as no text."""
     toks = store.df("SELECT token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
-    texts = ["" if _special(t) else t for t in toks["token_text"]]
+    # a token with no text (imported ids alone, before enriching) counts as no text
+    texts = ["" if t is None or t != t or _special(t) else t for t in toks["token_text"]]
     text = "".join(texts)
     if seg.kind == "task":
         starts = np.cumsum([0] + [len(t) for t in texts])
@@ -220,8 +221,8 @@ def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter()) -> pd.
                          "char_end": [b for _, b in spans]})
 
 
-def _special(text: str) -> bool:
-    return text.startswith("<") and text.endswith(">") and len(text) > 2
+def _special(text: str | None) -> bool:
+    return text is not None and text.startswith("<") and text.endswith(">") and len(text) > 2
 
 
 # ---------------------------------------------------------------------------- step rewards

@@ -202,7 +202,7 @@ class MiniRunPanel(LazyView):
         self._inputs["prompt_set"].options = sets
         if self._inputs["prompt_set"].value not in sets.values():
             self._inputs["prompt_set"].value = "medium"
-        vs = st.store.df("""SELECT rule_version_id AS v, starts_with(source, '# reward model') AS rm FROM rule_versions
+        vs = st.store.df("""SELECT rule_version_id AS v, coalesce(starts_with(source, '# reward model'), false) AS rm FROM rule_versions
                             ORDER BY created_at DESC, rule_version_id""")
         opts = {"the task's built-in rule": ""} | {(f"reward model · {v}" if rm else v): v
                                                     for v, rm in zip(vs["v"], vs["rm"])}
