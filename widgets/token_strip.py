@@ -36,6 +36,12 @@ def token_display(text: str) -> tuple[str, bool]:
     return text, False
 
 
+def text_of(row) -> str:
+    """A token's text; ``#id`` for one imported with its id alone (enriching fills the text)."""
+    t = row.token_text
+    return t if isinstance(t, str) else f"#{'' if row.token_id is None or row.token_id != row.token_id else int(row.token_id)}"
+
+
 def num(x: float, spec: str = ".3f") -> str:
     """Format without a "-0.000": round first, then drop the sign of zero."""
     return format(round(float(x), 3) + 0.0, spec)
@@ -97,7 +103,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         if row.pos in opens and not in_box:
             parts.append(f'<span class="stepbox" data-step="{opens[row.pos]}"><span class="sbody">')
             in_box = True
-        shown, special = token_display(row.token_text)
+        shown, special = token_display(text_of(row))
         v = values[i]
         cls = ["tok"]
         if special:
@@ -132,7 +138,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                         f'{num(sa, "+.2f")}</span>')
             parts.append(f"</span>{bar if step_values else ''}{abar}</span>")
             in_box = False
-        if row.token_text == "\n":
+        if text_of(row) == "\n":
             parts.append("<br>")
     if in_box:
         parts.append("</span></span>")
@@ -161,7 +167,7 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
         stats.append((channel, "–" if value is None else num(value, "+.3f"), True))
     lines = "".join(f'<span class="c-row"><span class="c-k">{esc(k)}</span>{"<b>" if bold else "<span>"}{esc(v)}'
                     f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)
-    return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(row.token_text.translate(VISIBLE_WS))}</span>'
+    return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}</span>'
             f'<span class="c-k">{esc(where)}</span></span>{lines}'
             f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
 
