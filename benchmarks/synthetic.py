@@ -43,3 +43,19 @@ def open_or_build(path: Path, n: int, bench_rewards: tuple[str, list, int], buil
         return store
     print(f"store: building {n:,} rollouts at {path}", flush=True)
     return build(path, n)
+
+
+def write_chunks(store, *chunks, total: int, quiet: bool = False) -> None:
+    """Write each ``(run, lo, hi, {table: Arrow table})`` of the iterables in ``chunks`` with
+    one ``Store.write`` (one transaction, as a producer writes a chunk), printing progress
+    every tenth of ``total`` rollouts."""
+    t, done, shown = time.perf_counter(), 0, 0
+    for part in chunks:
+        for _run, lo, hi, tables in part:
+            store.write(tables)
+            if lo is None:
+                continue
+            done += hi - lo
+            if not quiet and done * 10 // max(total, 1) > shown:
+                shown = done * 10 // max(total, 1)
+                print(f"  {done:,} rollouts written in {time.perf_counter() - t:.1f} s", flush=True)

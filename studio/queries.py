@@ -38,18 +38,84 @@ def versions_sql(rule_version_id: str | None, scope: str = "TRUE") -> tuple[str,
 
     ``None`` means each rollout's most recent scoring, so a newer rule that scored only new
     rollouts never blanks out older ones; a given id shows every rollout under that version.
-    ``scope`` is a condition on ``rollouts ro`` limiting which rollouts are looked at.
+    ``scope`` is a condition on ``rollouts ro`` limiting which rollouts are looked at; it
+    appears once in the SQL (callers bind its values after the returned ones).
     """
     if rule_version_id is not None:
         return f"SELECT ro.rollout_id, ?::VARCHAR AS rule_version_id FROM rollouts ro WHERE {scope}", [rule_version_id]
     return (f"""SELECT rw.rollout_id, arg_max(rw.rule_version_id, v.created_at) AS rule_version_id
-               FROM rewards rw JOIN rule_versions v USING (rule_version_id)
-               WHERE rw.component = 'total' AND rw.rollout_id IN (SELECT ro.rollout_id FROM rollouts ro WHERE {scope})
+               FROM {_scoped_rewards(scope)} JOIN rule_versions v USING (rule_version_id)
+               WHERE rw.component = 'total'
                GROUP BY rw.rollout_id""", [])
 
 
+def _scoped_rewards(scope: str, narrow: bool = True) -> str:
+    """``rewards rw`` limited to the rollouts of ``scope`` (a FROM item; ``scope`` appears once).
+
+    ``narrow`` (the scope's rollouts were made close together: a group, a run, the newest
+    page): the scope's ids are read once and their range (min, max) becomes a filter that
+    DuckDB applies inside the rewards scan, row by row. Ids sort in the order they were
+    made, so the scan skips the row groups of other rollouts and decodes only the rows in
+    range (one group's ~30 reward rows, not the ~250,000 of the row groups holding them).
+    Otherwise (rollouts scattered over the store, e.g. every run's prompts containing some
+    text) a plain join: DuckDB then reads every reward row but builds its hash table on the
+    scope's ids, where the range form would build it on the (many) reward rows in range.
+    """
+    if scope.strip() == "TRUE":
+        return "rewards rw"
+    if not narrow:
+        return f"(SELECT ro.rollout_id FROM rollouts ro WHERE {scope}) sro JOIN rewards rw ON rw.rollout_id = sro.rollout_id"
+    return f"""(WITH sro AS MATERIALIZED (SELECT ro.rollout_id FROM rollouts ro WHERE {scope})
+                SELECT rw.* FROM rewards rw
+                WHERE rw.rollout_id BETWEEN (SELECT min(rollout_id) FROM sro) AND (SELECT max(rollout_id) FROM sro)
+                  AND rw.rollout_id IN (SELECT rollout_id FROM sro)) rw"""
+
+
+def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: list | None = None,
+               components: bool = False, narrow: bool = True) -> tuple[str, list]:
+    """``(rollout_id, rule_version_id, reward, accuracy)`` of the scope's rollouts that have
+    rewards under the version :func:`versions_sql` picks, in one pass over ``rewards``.
+
+    The same as :func:`versions_sql` joined to the ``total`` and ``accuracy`` rows, but the
+    rewards are read once instead of three times: one GROUP BY gathers each (rollout,
+    version) pair's ``total`` and ``accuracy``, then the newest version with a ``total`` wins.
+    With ``components``, also ``comps``: every component of the picked version as a list of
+    ``{'c': name, 'v': value}`` in name order (see :func:`components`). ``narrow``: see
+    :func:`_scoped_rewards`.
+    """
+    pair = """max(rw.value) FILTER (WHERE rw.component = 'total') AS reward,
+              max(rw.value) FILTER (WHERE rw.component = 'accuracy') AS accuracy"""
+    if components:
+        pair += ",\n              list({'c': rw.component, 'v': rw.value} ORDER BY rw.component) AS comps"
+    which = "TRUE" if components else "rw.component IN ('total', 'accuracy')"
+    params = list(scope_params or [])
+    if rule_version_id is not None:
+        return (f"""SELECT rw.rollout_id, any_value(rw.rule_version_id) AS rule_version_id, {pair}
+                    FROM {_scoped_rewards(scope, narrow)}
+                    WHERE {which} AND rw.rule_version_id = ?
+                    GROUP BY rw.rollout_id""", params + [rule_version_id])
+    k = ", 'k': pv.comps" if components else ""
+    return (f"""SELECT rollout_id, _p.v AS rule_version_id, _p.r AS reward, _p.a AS accuracy{", _p.k AS comps" if components else ""}
+                FROM (SELECT pv.rollout_id,
+                             arg_max({{'v': pv.rule_version_id, 'r': pv.reward, 'a': pv.accuracy{k}}}, v.created_at) AS _p
+                      FROM (SELECT rw.rollout_id, rw.rule_version_id, {pair},
+                                   bool_or(rw.component = 'total') AS _has_total
+                            FROM {_scoped_rewards(scope, narrow)}
+                            WHERE {which}
+                            GROUP BY rw.rollout_id, rw.rule_version_id) pv
+                      JOIN rule_versions v USING (rule_version_id)
+                      WHERE pv._has_total
+                      GROUP BY pv.rollout_id)""", params)
+
+
+SCORED_COLUMNS = ("ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text, ro.n_tokens, "
+                  "ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id, ro.fork_pos, "
+                  "ro.forced_token_id")
+
+
 def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
-                        scope_params: list | None = None, credit: Credit | None = None) -> tuple[str, list]:
+                        scope_params: list | None = None, credit: Credit | None = None,
+                        components: bool = False, narrow: bool = True) -> tuple[str, list]:
     """Rollouts with total reward, accuracy and advantage (see :func:`versions_sql`).
 
     ``scope`` (a condition on ``rollouts ro`` with ``scope_params``) must keep or drop
@@ -61,6 +127,10 @@ def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
     advantage of the first token here: KL in the reward, A_0 = G_0 - mean_g G_0 with
     G_0 = R - β·Σ_t (log π - log π_ref); GAE, A_0 = Σ_t (γλ)^t δ_t. Either is NULL for a
     rollout whose reference log-probs or values are not all stored.
+
+    ``components`` adds ``_components``, the shown version's components of each rollout as
+    ``[{'c': name, 'v': value}, …]`` (read in the same pass over the rewards). ``narrow``:
+    how the scope's rewards are read (see :func:`_scoped_rewards`); the result is the same.
     """
     credit = credit or Credit()
     scope_params = list(scope_params or [])
@@ -68,26 +138,22 @@ def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
     inner, inner_params = scope, scope_params
     if key == "reinforce_pp":
         inner = f"ro.run_id IN (SELECT ro.run_id FROM rollouts ro WHERE {scope})"
-    versions, vparams = versions_sql(rule_version_id, inner)
-    params = vparams + inner_params
-    ctes = [f"versions AS ({versions})"]
-    scored = f"""scored AS (
-            SELECT ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text,
-                   ro.n_tokens, ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id,
-                   ro.fork_pos, ro.forced_token_id, ve.rule_version_id,
-                   tot.value AS reward, acc.value AS accuracy{", (" + scope + ") AS _in_scope" if key == "reinforce_pp" else ""}
+    picked, params = picked_sql(rule_version_id, inner, inner_params, components, narrow)
+    ctes = [f"picked AS ({picked})"]
+    rv = "pk.rule_version_id"
+    if rule_version_id is not None:  # every rollout shows the version asked for, scored by it or not
+        rv = "?::VARCHAR"
+        params.append(rule_version_id)
+    ctes.append(f"""scored AS (
+            SELECT {SCORED_COLUMNS}, {rv} AS rule_version_id,
+                   pk.reward, pk.accuracy{", pk.comps AS _components" if components else ""}{
+                   ", (" + scope + ") AS _in_scope" if key == "reinforce_pp" else ""}
             FROM rollouts ro
-            LEFT JOIN versions ve ON ve.rollout_id = ro.rollout_id
-            LEFT JOIN rewards tot ON tot.rollout_id = ro.rollout_id
-                 AND tot.rule_version_id = ve.rule_version_id AND tot.component = 'total'
-            LEFT JOIN rewards acc ON acc.rollout_id = ro.rollout_id
-                 AND acc.rule_version_id = ve.rule_version_id AND acc.component = 'accuracy'
-            WHERE {inner})"""
-    ctes.append(scored)
+            LEFT JOIN picked pk ON pk.rollout_id = ro.rollout_id
+            WHERE {inner})""")
     if key == "reinforce_pp":
-        params += scope_params + inner_params
-    else:
-        params += inner_params
+        params += scope_params
+    params += inner_params
     if key == "kl":
         ctes.append(f"""kl AS (
             SELECT t.rollout_id, sum(t.logprob - sc.logprob) AS kl_sum, count(sc.logprob) = count(*) AS complete
@@ -135,30 +201,95 @@ DESCENDANTS = """
     SELECT rid FROM down"""
 
 
-def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None) -> tuple[str, list]:
-    scope, sparams = ["TRUE"], []
+# a page without a reward filter is cut from the rollouts first and only its groups are scored
+# (up to this many rows; callers that want every row of a scope score the scope directly)
+PAGE_FIRST_MAX = 100_000
+
+
+def _table_order(ro: str, p: str) -> str:
+    """The table's order: newest first, then prompt text, group, sample (``ro``: rollout alias, ``p``: prompt)."""
+    return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx"
+
+
+def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
+                      offset: int = 0) -> tuple[str, list]:
+    """The rollout table's rows for filter ``f``: newest first, at most ``f.limit`` of them
+    after skipping ``offset`` (a page further down, cut in DuckDB).
+
+    Filters that keep or drop whole groups (run, group, training step, branches; the prompt
+    text, as "groups with a row whose prompt contains it") narrow the rollouts before any
+    reward is read: advantages are computed over whole groups, so they are the same as over
+    the unfiltered store. Without a correctness or reward filter the rows shown do not
+    depend on rewards, so the page is ordered and cut in DuckDB from ``rollouts`` alone and
+    only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a million).
+    """
+    ctes, cparams = [], []
+    groups, sparams = ["TRUE"], []  # conditions that keep whole groups
     if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
-        scope.append("ro.run_id = ?"); sparams.append(f.run_id)
+        groups.append("ro.run_id = ?"); sparams.append(f.run_id)
     if f.group_id:
-        scope.append("ro.group_id = ?"); sparams.append(f.group_id)
+        groups.append("ro.group_id = ?"); sparams.append(f.group_id)
     if f.train_step is not None:  # a group is sampled within one step: whole groups again
-        scope.append("ro.train_step = ?"); sparams.append(int(f.train_step))
+        groups.append("ro.train_step = ?"); sparams.append(int(f.train_step))
     if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
-        scope.append(f"ro.rollout_id IN ({DESCENDANTS})"); sparams.append(f.branches_of)
-    base, params = scored_rollouts_sql(rule_version_id, " AND ".join(scope), sparams, credit)
-    where, wparams = [], []
+        groups.append(f"ro.rollout_id IN ({DESCENDANTS})"); sparams.append(f.branches_of)
+    scope, rows = list(groups), list(groups)  # what is scored; which of those rows are shown
     if f.prompt_contains:
-        # contains(), not LIKE: a typed % or _ is a character, not a wildcard
-        where.append("contains(lower(p.text), lower(?))"); wparams.append(f.prompt_contains.strip())
+        # contains(), not LIKE: a typed % or _ is a character, not a wildcard; matched once for every scan
+        ctes.append("matched AS MATERIALIZED (SELECT prompt_id FROM prompts WHERE contains(lower(text), lower(?)))")
+        cparams.append(f.prompt_contains.strip())
+        rows.append("ro.prompt_id IN (SELECT prompt_id FROM matched)")
+        # a group's completions share one prompt; asked per group all the same, so a group whose rows
+        # disagree is still scored whole, as without the filter
+        scope.append(f"ro.group_id IN (SELECT ro.group_id FROM rollouts ro WHERE {' AND '.join(groups)} "
+                     "AND ro.prompt_id IN (SELECT prompt_id FROM matched))")
+    on_rewards, wparams = [], []
     if f.correct is True:
-        where.append("s.accuracy >= 1")
+        on_rewards.append("s.accuracy >= 1")
     elif f.correct is False:
-        where.append("coalesce(s.accuracy, 0) < 1")
+        on_rewards.append("coalesce(s.accuracy, 0) < 1")
     if f.reward_min is not None:
-        where.append("s.reward >= ?"); wparams.append(float(f.reward_min))
+        on_rewards.append("s.reward >= ?"); wparams.append(float(f.reward_min))
     if f.reward_max is not None:
-        where.append("s.reward <= ?"); wparams.append(float(f.reward_max))
-    sql = f"""
+        on_rewards.append("s.reward <= ?"); wparams.append(float(f.reward_max))
+    # a prompt text alone picks rollouts from all over the store: their ids span it (see _scoped_rewards)
+    narrow = not (f.prompt_contains and groups == ["TRUE"])
+    shown = " AND ".join(rows)
+    if on_rewards or f.limit + offset > PAGE_FIRST_MAX:
+        cond, skip = " AND ".join(scope), int(offset)
+        sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
+        where = ["s.prompt_id IN (SELECT prompt_id FROM matched)"] if f.prompt_contains else []
+        where += on_rewards
+    else:
+        # `cut`: the creation time of the page's last row. Rows made before it cannot be on the page, so
+        # prompt texts are joined only to the newest rows, and the scans skip older row groups (creation
+        # times rise with them). It is found from the rollouts alone (`cut0`, a top-N on one column), then
+        # checked: if fewer than a page of them have their prompt and run rows, no cut is made. Rows
+        # without a creation time sort last and are always looked at.
+        n = int(f.limit) + int(offset)  # rows up to the page's last
+        keep = f"{shown} AND ro.prompt_id IN (SELECT prompt_id FROM prompts) AND ro.run_id IN (SELECT run_id FROM runs)"
+        ctes += [f"cut0 AS (SELECT ro.created_at FROM rollouts ro WHERE {shown} ORDER BY ro.created_at DESC LIMIT 1 OFFSET ?)",
+                 f"""cut AS (SELECT CASE WHEN (SELECT count(*) FROM rollouts ro
+                                          WHERE {keep} AND ro.created_at >= (SELECT created_at FROM cut0)) >= ?
+                                    THEN (SELECT created_at FROM cut0) END AS created_at)""",
+                 f"""page AS MATERIALIZED (
+            SELECT ro.rollout_id, ro.group_id FROM (
+                SELECT * FROM rollouts ro
+                WHERE {shown} AND ro.created_at >= coalesce((SELECT created_at FROM cut), '-infinity'::TIMESTAMP)
+                UNION ALL
+                SELECT * FROM rollouts ro WHERE {shown} AND ro.created_at IS NULL) ro
+            JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
+            ORDER BY {_table_order("ro", "p")} LIMIT ? OFFSET ?)"""]
+        cparams += sparams + [max(n - 1, 0)] + sparams + [n] + sparams + sparams + [int(f.limit), int(offset)]
+        # the page's groups, whole: group ids sort in the order they were made, so (when the page's rows were
+        # made close together) their range is a filter DuckDB applies inside the scan; the IN keeps exactly them
+        cond = " AND ".join(groups)
+        if narrow:
+            cond += " AND ro.group_id BETWEEN (SELECT min(group_id) FROM page) AND (SELECT max(group_id) FROM page)"
+        cond += " AND ro.group_id IN (SELECT group_id FROM page)"
+        where, skip = ["s.rollout_id IN (SELECT rollout_id FROM page)"], 0  # the page holds just its rows
+    base, params = scored_rollouts_sql(rule_version_id, cond, sparams, credit, narrow=narrow)
+    sql = f"""{"WITH " + ", ".join(ctes) if ctes else ""}
         SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.advantage,
                s.accuracy >= 1 AS correct, s.n_tokens, s.finish_reason, r.name AS run,
                s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id
@@ -166,44 +297,52 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         JOIN prompts p USING (prompt_id)
         JOIN runs r USING (run_id)
         {"WHERE " + " AND ".join(where) if where else ""}
-        ORDER BY s.created_at DESC, p.text, s.group_id, s.sample_idx
-        LIMIT ?
+        ORDER BY {_table_order("s", "p")}
+        LIMIT ? OFFSET ?
     """
-    return sql, params + wparams + [int(f.limit)]
+    return sql, cparams + params + wparams + [int(f.limit), skip]
 
 
 def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
-                  credit: Credit | None = None) -> pd.DataFrame:
-    return store.df(*rollout_table_sql(rule_version_id, f, credit))
+                  credit: Credit | None = None, offset: int = 0) -> pd.DataFrame:
+    return store.df(*rollout_table_sql(rule_version_id, f, credit, offset))
 
 
 def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None,
             credit: Credit | None = None) -> dict | None:
     """One rollout with its prompt, reward, advantage and reward components."""
-    base, params = scored_rollouts_sql(rule_version_id, GROUP_OF, [rollout_id], credit)
+    base, params = scored_rollouts_sql(rule_version_id, GROUP_OF, [rollout_id], credit, components=True)
     rows = store.df(f"""
-        SELECT s.*, p.text AS prompt, p.gold, p.task, r.name AS run, r.policy
+        SELECT s.* EXCLUDE (_components), p.text AS prompt, p.gold, p.task, r.name AS run, r.policy, s._components
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
         WHERE s.rollout_id = ?""", params + [rollout_id])
     if rows.empty:
         return None
-    out = rows.iloc[0].to_dict()
-    out["components"] = components(store, [rollout_id], rule_version_id).get(rollout_id, {})
+    out = rows.drop(columns="_components").iloc[0].to_dict()
+    out["components"] = _components_dict(rows["_components"].iloc[0])
     return out
+
+
+def _components_dict(items) -> dict[str, float]:
+    """``{component: value}`` from a ``_components`` cell of :func:`scored_rollouts_sql` (NULL values
+    as NaN, as :func:`components` gives them)."""
+    if not hasattr(items, "__len__"):  # NULL: no components (None or pd.NA)
+        return {}
+    return {it["c"]: float("nan") if it["v"] is None else float(it["v"]) for it in items}
 
 
 def components(store: Store, rollout_ids: list[str], rule_version_id: str | None = None) -> dict[str, dict[str, float]]:
     """``{rollout_id: {component: value}}``, each rollout under the version :func:`versions_sql` picks."""
     if not rollout_ids:
         return {}
-    versions, params = versions_sql(rule_version_id, "list_contains(?, ro.rollout_id)")
-    params = params + [rollout_ids]
+    # ids as a joined list (not list_contains per row): DuckDB pushes their range into the scans
+    ids = "ro.rollout_id IN (SELECT unnest(?::VARCHAR[]))"
+    versions, params = versions_sql(rule_version_id, ids)
     df = store.df(f"""
         WITH versions AS ({versions})
-        SELECT rw.rollout_id, rw.component, rw.value FROM rewards rw
-        JOIN versions ve ON ve.rollout_id = rw.rollout_id AND ve.rule_version_id = rw.rule_version_id
-        WHERE list_contains(?, rw.rollout_id)
-        ORDER BY rw.component""", params + [rollout_ids])
+        SELECT rw.rollout_id, rw.component, rw.value FROM versions ve
+        JOIN rewards rw ON ve.rollout_id = rw.rollout_id AND ve.rule_version_id = rw.rule_version_id
+        ORDER BY rw.component""", params + [list(rollout_ids)])
     out: dict[str, dict[str, float]] = {}
     for rid, comp, val in df.itertuples(index=False):
         out.setdefault(rid, {})[comp] = val
@@ -231,19 +370,22 @@ def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
 
 def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     """Tokens of several rollouts in one query: ``{rollout_id: tokens in order}``."""
-    df = store.df(f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE list_contains(?, rollout_id) "
-                  "ORDER BY rollout_id, pos", [rollout_ids])
+    # IN (SELECT unnest(?)), not list_contains(?, rollout_id): a semi join whose ids DuckDB pushes into the
+    # scan, so only the row groups holding them are read (list_contains reads every column of those row groups)
+    df = store.df(f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) "
+                  "ORDER BY rollout_id, pos", [list(rollout_ids)])
     return {rid: part.drop(columns="rollout_id").reset_index(drop=True) for rid, part in df.groupby("rollout_id")}
 
 
 def group(store: Store, group_id: str, rule_version_id: str | None = None, credit: Credit | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
-    base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id], credit)
+    base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id], credit, components=True)
     df = store.df(f"""
-        SELECT s.*, p.text AS prompt, p.gold, p.task, r.policy
+        SELECT s.* EXCLUDE (_components), p.text AS prompt, p.gold, p.task, r.policy, s._components
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
         ORDER BY s.sample_idx, s.rollout_id""", params)
-    comps = components(store, df["rollout_id"].tolist(), rule_version_id)
+    comps = {rid: _components_dict(cs) for rid, cs in zip(df["rollout_id"], df.pop("_components"))}
+    comps = {rid: d for rid, d in comps.items() if d}
     names = sorted({c for d in comps.values() for c in d if c != "total"})
     for c in names:
         df[c] = [comps.get(r, {}).get(c) for r in df["rollout_id"]]
@@ -253,15 +395,18 @@ def group(store: Store, group_id: str, rule_version_id: str | None = None, credi
 
 def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
     """One row per group: prompt, size, mean reward, and whether all rewards are equal."""
-    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
-                                       [run_id] if run_id else [])
-    where, wp = "", []
+    scope, sparams = ("ro.run_id = ?", [run_id]) if run_id else ("TRUE", [])
+    picked, params = picked_sql(rule_version_id, scope, sparams)  # rewards only: no advantage is shown
     return store.df(f"""
-        SELECT s.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
-               avg(s.reward) AS mean_reward, avg(CASE WHEN s.accuracy >= 1 THEN 1 ELSE 0 END) AS accuracy,
-               coalesce(max(s.reward) - min(s.reward) <= {EQUAL_TOL!r}, true) AS all_equal, max(s.created_at) AS created_at
-        FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id) {where}
-        GROUP BY s.group_id ORDER BY created_at DESC, prompt""", params + wp)
+        WITH picked AS ({picked})
+        SELECT ro.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
+               avg(pk.reward) AS mean_reward, avg(CASE WHEN pk.accuracy >= 1 THEN 1 ELSE 0 END) AS accuracy,
+               coalesce(max(pk.reward) - min(pk.reward) <= {EQUAL_TOL!r}, true) AS all_equal,
+               max(ro.created_at) AS created_at
+        FROM rollouts ro LEFT JOIN picked pk ON pk.rollout_id = ro.rollout_id
+        JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
+        WHERE {scope}
+        GROUP BY ro.group_id ORDER BY created_at DESC, prompt""", params + sparams)
 
 
 def runs(store: Store) -> pd.DataFrame:

@@ -1,0 +1,326 @@
+"""A million rollouts stay interactive: what the UI runs per click, on a 1M-rollout / 100M-token store,
+and how fast the importer ingests, against pyarrow writing the same tables to Parquet.
+
+Run: ``python benchmarks/bench_scale.py`` (about 3-5 minutes on a 2-core CPU: ~2 of them
+build the store in a temporary directory, deleted at the end). ``--db PATH`` keeps the store
+there, or reuses the one ``benchmarks/make_large_store.py --db PATH`` built (then only the
+measuring runs); ``--rollouts 100000`` for a quick check on a smaller store.
+
+The store (``benchmarks/make_large_store.py``): ``--rollouts`` (default 1,000,000) rollouts
+in groups of 8 over 10 runs, ~100 tokens each (20-300), 125,000 prompts, rewards in long
+format under two rule versions, ids made in order, written through ``Store.write`` in
+chunks. Every figure runs the studio's own query functions, the ones the widgets call:
+
+``rollout_tokens_ms_median`` (target < 20 ms)
+    Opening one rollout in the token strip (``widgets/token_strip.py``): its header row
+    ``queries.rollout`` (reward, advantage over its group, components) and its tokens
+    ``queries.tokens``. A different random rollout each repetition (``--reps``).
+``filtered_page_ms_median`` (target < 200 ms)
+    The rollout table with a filter (``widgets/rollout_table.py``): ``queries.rollout_table``
+    with a run, *incorrect*, a reward range and a prompt text (a different run and text each
+    repetition), at the widget's row limit (5,000), plus ``queries.rollout_count`` for its
+    "N of M" line.
+``group_ms_median`` (no target; well under 200 ms)
+    The group view (``widgets/group_view.py``): ``queries.group`` (every completion with reward,
+    advantage and components) and ``queries.tokens_of`` its completions. A random group each time.
+``ingest_rows_per_s`` (target: within 2x of the baseline, ratio >= 0.5)
+    ``studio.importers.import_run`` of ``--ingest-rollouts`` (default 100,000, ~10M tokens)
+    generic Parquet shards (columns prompt, completion, step, reward, accuracy, token_texts,
+    logprobs, entropies; 4 shards) into a fresh store: (rollout + token rows) / seconds,
+    median of ``--ingest-reps``. Baseline ``pyarrow_parquet_write_rows_per_s``:
+    ``pyarrow.parquet.write_table`` of the same Arrow tables (the shards the importer then
+    reads), the same rows over the median seconds.
+
+Before timing, a run's first table page (cut before scoring) and a page further down
+(``offset``) are checked equal to the same rows of the run scored whole. Latency baselines
+are null: nothing else in the run does the same work. For people the
+script also prints p95s, the pieces (tokens alone, the header alone), the rest of what a
+token-strip click runs (``credit.token_advantages``, ``credit.steps_of``), other table pages
+(no filter, a run, a run and *incorrect*, a prompt text over every run) and the table's and
+group picker's refresh queries (``queries.runs``, ``reward_bounds``, ``groups``).
+
+Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --seed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from benchmarks import make_large_store as mls  # noqa: E402
+
+TARGETS = {"rollout_tokens_ms_median": ("<", 20.0), "filtered_page_ms_median": ("<", 200.0),
+           "group_ms_median": ("<", 200.0), "ingest_rows_per_s": (">=", 0.5)}  # ingest: ratio to the baseline
+PROMPT_TEXTS = [f"{d}+" for d in range(11, 99, 7)]  # "11+", "18+", ...: ~1 % of the synthetic prompts each
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _timed(fn: Callable[[int], object], n: int) -> list[float]:
+    """Milliseconds of ``fn(i)`` for i in 0..n-1."""
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+def _p95(xs: list[float]) -> float:
+    return float(np.percentile(xs, 95)) if xs else float("nan")
+
+
+# --------------------------------------------------------------------------------------
+# the store
+# --------------------------------------------------------------------------------------
+def open_store(db: Path | None, tmp: Path, shape: mls.Shape):
+    """The store to measure: ``db`` reused if it exists, else built there (or in ``tmp``)."""
+    from studio.store import Store
+
+    path = db or tmp / "large.duckdb"
+    if path.exists():
+        store = Store.open(path)
+        print(f"store: reusing {path} ({store.counts()['rollouts']:,} rollouts)", flush=True)
+        return store, 0.0
+    print(f"store: building {shape.rollouts:,} rollouts at {path}", flush=True)
+    t = time.perf_counter()
+    store = mls.build(path, shape)
+    return store, time.perf_counter() - t
+
+
+# --------------------------------------------------------------------------------------
+# latencies: what the widgets run
+# --------------------------------------------------------------------------------------
+def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Milliseconds per repetition of every measured action; and a note per action."""
+    from studio import credit, queries
+    from studio.advantages import Credit
+    from studio.queries import RolloutFilter
+
+    cur = store.cursor()
+    # each action gets rollouts of its own, so every click is a first look at that rollout (no action
+    # reads what an earlier one left in DuckDB's buffers)
+    picks = [r[0] for r in cur.execute(
+        f"SELECT rollout_id FROM rollouts USING SAMPLE {4 * int(reps)} ROWS (reservoir, {int(seed)})").fetchall()]
+    rids, rids_t, rids_r, rids_s = (picks[k::4] for k in range(4))
+    gids = [r[0] for r in cur.execute(
+        f"SELECT DISTINCT group_id FROM rollouts USING SAMPLE {int(reps) * 2} ROWS (reservoir, {int(seed) + 1})"
+    ).fetchall()][:reps]
+    runs = [r[0] for r in cur.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
+    cur.close()
+    n = min(len(rids_s), len(gids))
+    few = max(3, min(n, 5))
+    cr = Credit()
+
+    def strip(i):  # the token strip's header and tokens
+        queries.rollout(store, rids[i], None, cr)
+        queries.tokens(store, rids[i])
+
+    def strip_rest(i):  # the rest of a token-strip click (its fork threshold is cached per run)
+        credit.token_advantages(store, rids_s[i], cr, None)
+        credit.steps_of(store, rids_s[i])
+
+    def page(f: RolloutFilter):
+        queries.rollout_table(store, f, None, cr)
+        queries.rollout_count(store)
+
+    def filtered(i):
+        page(RolloutFilter(run_id=runs[i % len(runs)], correct=False, reward_min=0.1, reward_max=1.1,
+                           prompt_contains=PROMPT_TEXTS[i % len(PROMPT_TEXTS)]))
+
+    def group(i):
+        df = queries.group(store, gids[i], None, cr)
+        queries.tokens_of(store, df["rollout_id"].tolist())
+
+    queries.rollout(store, picks[-1]), page(RolloutFilter())  # first touch: DuckDB loads its metadata
+    check_pages(store, runs[0])
+    plan = [
+        ("rollout_tokens", strip, n, "queries.rollout + queries.tokens (token strip)"),
+        ("tokens_only", lambda i: queries.tokens(store, rids_t[i]), n, "queries.tokens"),
+        ("rollout_only", lambda i: queries.rollout(store, rids_r[i], None, cr), n, "queries.rollout"),
+        ("strip_rest", strip_rest, n, "credit.token_advantages + credit.steps_of (rest of a strip click)"),
+        ("filtered_page", filtered, n, "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + rollout_count"),
+        ("group", group, n, "queries.group + queries.tokens_of (group view)"),
+        ("page_default", lambda i: page(RolloutFilter()), few, "rollout_table() no filter: the first view"),
+        ("page_run", lambda i: page(RolloutFilter(run_id=runs[i % len(runs)])), few, "rollout_table(run)"),
+        ("page_run_incorrect", lambda i: page(RolloutFilter(run_id=runs[i % len(runs)], correct=False)), few,
+         "rollout_table(run, incorrect): scores the whole run"),
+        ("page_prompt_all_runs", lambda i: page(RolloutFilter(prompt_contains=PROMPT_TEXTS[i % len(PROMPT_TEXTS)])),
+         few, "rollout_table(prompt text), every run"),
+        ("table_refresh", lambda i: (queries.runs(store), queries.reward_bounds(store)), few,
+         "queries.runs + reward_bounds (table choices, on refresh)"),
+        ("group_picker", lambda i: queries.groups(store), 2, "queries.groups() over every group (group picker, "
+                                                             "on refresh)"),
+    ]
+    out, notes = {}, {}
+    for key, fn, k, note in plan:
+        out[key] = _timed(fn, k)
+        notes[key] = note
+        print(f"  {key:22s} median {statistics.median(out[key]):8.1f} ms  ({k} reps)", flush=True)
+    return out, notes
+
+
+def check_pages(store, run_id: str) -> None:
+    """A page cut before scoring (no reward filter) equals the same rows of the run scored whole
+    (a limit above ``queries.PAGE_FIRST_MAX`` takes that path), and so does a page further
+    down (``offset``)."""
+    import pandas as pd
+
+    from studio import queries
+    from studio.queries import RolloutFilter
+
+    whole = queries.rollout_table(store, RolloutFilter(run_id=run_id, limit=queries.PAGE_FIRST_MAX + 1))
+    off = len(whole) // 3
+    first = queries.rollout_table(store, RolloutFilter(run_id=run_id))
+    later = queries.rollout_table(store, RolloutFilter(run_id=run_id, limit=100), offset=off)
+    for got, want in ((first, whole.iloc[:len(first)]), (later, whole.iloc[off:off + 100])):
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True), rtol=1e-9)
+    print(f"  check: the run's first page ({len(first):,} rows) and 100 rows at offset {off:,} equal the run "
+          f"scored whole ({len(whole):,} rows)", flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# ingest: the importer against pyarrow writing the same tables
+# --------------------------------------------------------------------------------------
+def shard_tables(n_rollouts: int, tokens_per_rollout: int, seed: int, shards: int = 4) -> list[pa.Table]:
+    """Generic Parquet shards' tables: one row per rollout with per-token lists (as a trainer logs)."""
+    plan = mls.Plan(mls.Shape(n_rollouts, tokens_per_rollout, runs=1, chunk=max(mls.GROUP, -(-n_rollouts // shards)),
+                              seed=seed + 7))
+    out = []
+    for _run, lo, hi, t in plan.chunks():
+        toks, ros = t["tokens"], t["rollouts"]
+        offsets = pa.array(np.concatenate([[0], np.cumsum(ros["n_tokens"].to_numpy())]).astype(np.int32))
+        lists = lambda col: pa.ListArray.from_arrays(offsets, toks[col].combine_chunks())  # noqa: E731
+        g = np.arange(lo, hi) // mls.GROUP
+        out.append(pa.table({
+            "prompt": plan.prompt_text.take(pa.array(plan.group_prompt[g])),
+            "completion": ros["text"],
+            "step": ros["train_step"],
+            "reward": pa.array(plan.accuracy[lo:hi] + 0.2 * plan.format[lo:hi] + plan.len_pen[lo:hi]),
+            "accuracy": pa.array(plan.accuracy[lo:hi]),
+            "token_texts": pa.ListArray.from_arrays(offsets, toks["token_text"].combine_chunks().dictionary_decode()),
+            "logprobs": lists("logprob"),
+            "entropies": lists("entropy"),
+        }))
+    return out
+
+
+def ingest(tmp: Path, n_rollouts: int, tokens_per_rollout: int, reps: int, seed: int) -> dict:
+    """Seconds of pyarrow writing the shards and of the importer reading them into a new store."""
+    from studio.importers import ColumnMapping, import_run
+    from studio.store import Store
+
+    tables = shard_tables(n_rollouts, tokens_per_rollout, seed)
+    rows_ro = sum(t.num_rows for t in tables)
+    rows_tok = sum(int(pc.sum(pc.list_value_length(t["token_texts"])).as_py()) for t in tables)
+    folder = tmp / "shards"
+    folder.mkdir(exist_ok=True)
+    paths = [folder / f"shard-{i:05d}.parquet" for i in range(len(tables))]
+    mapping = ColumnMapping(prompt="prompt", completion="completion", step="step", reward="reward",
+                            rewards=("accuracy",), token_texts="token_texts", logprobs="logprobs",
+                            entropies="entropies")
+    write_s, import_s, reports = [], [], []
+    for k in range(reps):
+        t = time.perf_counter()
+        for table, path in zip(tables, paths):
+            pq.write_table(table, path)
+        write_s.append(time.perf_counter() - t)
+        db = tmp / f"ingest-{k}.duckdb"
+        store = Store.open(db)
+        try:
+            t = time.perf_counter()
+            rep = import_run(store, paths, fmt="generic", mapping=mapping, on_error="abort")
+            import_s.append(time.perf_counter() - t)
+        finally:
+            store.close()
+        reports.append(rep)
+        for p in (db, Path(f"{db}.wal")):
+            p.unlink(missing_ok=True)
+        print(f"  rep {k + 1}: pyarrow write {write_s[-1]:.2f} s, import_run {import_s[-1]:.2f} s "
+              f"({rep.n_rollouts:,} rollouts, {rep.n_tokens:,} tokens)", flush=True)
+    rep = reports[-1]
+    if (rep.n_rollouts, rep.n_tokens) != (rows_ro, rows_tok):
+        raise SystemExit(f"the importer stored {rep.n_rollouts} rollouts / {rep.n_tokens} tokens of "
+                         f"{rows_ro} / {rows_tok}: the ingest figure would not compare the same rows")
+    return {"rows": rows_ro + rows_tok, "rollouts": rows_ro, "tokens": rows_tok,
+            "bytes": sum(p.stat().st_size for p in paths),
+            "write_s": statistics.median(write_s), "import_s": statistics.median(import_s)}
+
+
+# --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", type=Path, help="store to reuse (or build and keep there); default: a temporary one")
+    ap.add_argument("--rollouts", type=int, default=mls.Shape.rollouts, help="rollouts when building the store")
+    ap.add_argument("--tokens-per-rollout", type=int, default=mls.Shape.tokens_per_rollout)
+    ap.add_argument("--reps", type=int, default=30, help="repetitions of each per-click action")
+    ap.add_argument("--ingest-rollouts", type=int, default=100_000, help="rollouts in the ingest shards")
+    ap.add_argument("--ingest-reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_scale-"))
+    figures = []
+    try:
+        shape = mls.Shape(a.rollouts, a.tokens_per_rollout)
+        store, build_s = open_store(a.db, tmp, shape)
+        counts = store.counts()
+        print(f"store: {counts['rollouts']:,} rollouts, {counts['tokens']:,} tokens, {counts['prompts']:,} prompts, "
+              f"{mls.size_of(Path(store.path)) / 2**30:.2f} GiB" + (f", built in {build_s:.0f} s" if build_s else ""),
+              flush=True)
+        print("latencies (ms per action; the studio's query functions, as the widgets call them):", flush=True)
+        lat, notes = latencies(store, a.reps, a.seed)
+        store.close()
+
+        print(f"ingest: {a.ingest_rollouts:,} rollouts as generic Parquet shards", flush=True)
+        try:
+            ing = ingest(tmp, a.ingest_rollouts, a.tokens_per_rollout, a.ingest_reps, a.seed)
+        except ImportError as exc:  # the importer is not there (older checkout): the latencies still stand
+            print(f"  skipped: {exc}", flush=True)
+            ing = None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print(f"{'action':24s} {'median ms':>10s} {'p95 ms':>9s}  {'target':>8s}  what")
+    for key, ms in lat.items():
+        fig = f"{key}_ms_median"
+        tgt = f"{TARGETS[fig][0]} {TARGETS[fig][1]:g}" if fig in TARGETS else ""
+        print(f"{key:24s} {statistics.median(ms):10.1f} {_p95(ms):9.1f}  {tgt:>8s}  {notes[key]}")
+    for key in ("rollout_tokens", "filtered_page", "group"):
+        figures.append({"figure": f"{key}_ms_median", "value": round(statistics.median(lat[key]), 2), "unit": "ms",
+                        "baseline": None, "baseline_value": None, "ratio": None})
+    if ing is not None:
+        ours, base = ing["rows"] / ing["import_s"], ing["rows"] / ing["write_s"]
+        print(f"\ningest of {ing['rollouts']:,} rollouts + {ing['tokens']:,} tokens ({ing['bytes'] / 2**20:.0f} MiB "
+              f"of Parquet): import_run {ing['import_s']:.2f} s = {ours:,.0f} rows/s; pyarrow write_table "
+              f"{ing['write_s']:.2f} s = {base:,.0f} rows/s; ratio {ours / base:.2f} (target >= 0.5: within 2x)")
+        figures.append({"figure": "ingest_rows_per_s", "value": round(ours), "unit": "rows/s",
+                        "baseline": "pyarrow_parquet_write_rows_per_s", "baseline_value": round(base),
+                        "ratio": _ratio(ours, base)})
+    else:
+        figures.append({"figure": "ingest_rows_per_s", "value": None, "unit": "rows/s",
+                        "baseline": "pyarrow_parquet_write_rows_per_s", "baseline_value": None, "ratio": None})
+    print()
+    for fig in figures:
+        print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()
