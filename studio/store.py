@@ -7,8 +7,10 @@ and renamed into place, so an interrupted seed never leaves a half-seeded file.
 """
 from __future__ import annotations
 
+import heapq
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -40,6 +42,52 @@ def default_db_path() -> Path:
         return Path(env).expanduser()
     base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
     return base / "rollout-studio" / "studio.duckdb"
+
+
+class _Watchdog:
+    """One thread that interrupts reads past their time limit (a timer thread per read cost
+    ~10 ms to start on a busy machine: more than a page of the table takes to read)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, Any] = {}  # token -> cursor of a read still running (released reads drop theirs)
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, cursor, limit_s: float) -> int:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._heap, (time.monotonic() + limit_s, self._seq))
+            self._live[self._seq] = cursor
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="store-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._seq
+
+    def release(self, token: int) -> None:
+        with self._cond:
+            self._live.pop(token, None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][1] not in self._live:
+                    heapq.heappop(self._heap)  # finished in time
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                deadline, token = self._heap[0]
+                wait = deadline - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                self._live.pop(token).interrupt()  # under the lock: release() cannot have run, the read is still going
+
+
+_WATCHDOG = _Watchdog()
 
 
 class Store:
@@ -169,10 +217,7 @@ class Store:
     def _read(self, sql, params, timeout_s, fetch):
         limit = self.query_timeout_s if timeout_s is None else timeout_s
         cur = self.cursor()
-        timer = threading.Timer(limit, cur.interrupt) if limit and limit > 0 else None
-        if timer:
-            timer.daemon = True
-            timer.start()
+        token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
         try:
             return fetch(cur.execute(sql, params or []))
         except duckdb.InterruptException:
@@ -180,8 +225,8 @@ class Store:
                 f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
                 "ROLLOUT_STUDIO_QUERY_TIMEOUT; nothing was changed.") from None
         finally:
-            if timer:
-                timer.cancel()
+            if token is not None:
+                _WATCHDOG.release(token)
             # a result left unfinished (fetchone) keeps a transaction open and aborts the process when the
             # store closes before the cursor is collected (DuckDB 2): every read ends here
             cur.close()

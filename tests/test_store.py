@@ -282,3 +282,19 @@ def test_new_ids_sort_in_the_order_they_were_made():
     assert {len(i) for i in ids} == {17} and all(i.startswith("r") for i in ids)
     # the first 8 bytes (what DuckDB's string statistics keep) differ from one id to the next
     assert len({i[:8] for i in ids}) == len(ids)
+
+
+def test_reads_share_one_watchdog_and_a_slow_one_is_still_stopped(seeded_store):
+    import threading
+
+    from studio.store import QueryTimeout
+
+    for _ in range(50):
+        seeded_store.scalar("SELECT count(*) FROM rollouts")
+    before = threading.active_count()
+    for _ in range(200):
+        seeded_store.scalar("SELECT count(*) FROM rollouts")
+    assert threading.active_count() == before  # no thread per read
+    with pytest.raises(QueryTimeout):
+        seeded_store.df("SELECT sum(a.range * b.range) FROM range(300000) a, range(300000) b", timeout_s=0.3)
+    assert seeded_store.scalar("SELECT count(*) FROM rollouts") == 512
