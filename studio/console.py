@@ -16,6 +16,7 @@ studio.console.ReadOnlyError: only SELECT queries run here (this is DELETE): the
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ DENIED = frozenset({
     "parquet_kv_metadata", "glob", "sniff_csv", "current_setting", "duckdb_secrets", "which_secret",
 })
 SCHEMAS = frozenset({"", "main", "information_schema"})
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a table's name, never a path (replacement scans)
 
 EXAMPLES: dict[str, str] = {
     "Rollouts per run and step": (
@@ -67,23 +69,27 @@ class ConsoleResult:
     sql: str
 
 
-def _walk(node, found: dict) -> None:
+def _walk(node, found: dict, visible: frozenset = frozenset()) -> None:
+    """Collect tables (each with the CTE names visible where it is read), table functions and
+    functions. A node's ``cte_map`` is visible in that node and below it, nowhere else: a CTE
+    defined in a subquery does not name a table of the outer query."""
     if isinstance(node, dict):
+        cte = node.get("cte_map")
+        if isinstance(cte, dict) and cte.get("map"):
+            visible = visible | {str(m.get("key", "")).lower() for m in cte["map"]}
         kind = node.get("type")
         if kind == "BASE_TABLE":
-            found["tables"].append((node.get("catalog_name", ""), node.get("schema_name", ""), node.get("table_name", "")))
+            found["tables"].append((node.get("catalog_name", ""), node.get("schema_name", ""),
+                                    node.get("table_name", ""), visible))
         elif kind == "TABLE_FUNCTION":
             found["table_functions"].append((node.get("function") or {}).get("function_name", ""))
         if node.get("class") == "FUNCTION":
             found["functions"].append(node.get("function_name", ""))
-        cte = node.get("cte_map")
-        if isinstance(cte, dict):
-            found["ctes"] += [m.get("key", "") for m in cte.get("map", [])]
         for v in node.values():
-            _walk(v, found)
+            _walk(v, found, visible)
     elif isinstance(node, list):
         for v in node:
-            _walk(v, found)
+            _walk(v, found, visible)
 
 
 def check(sql: str, con: duckdb.DuckDBPyConnection | None = None) -> None:
@@ -105,12 +111,13 @@ def check(sql: str, con: duckdb.DuckDBPyConnection | None = None) -> None:
     tree = json.loads(con.execute("SELECT json_serialize_sql(?::VARCHAR)", [text]).fetchone()[0])
     if tree.get("error"):
         raise ReadOnlyError(f"DuckDB cannot parse this: {tree.get('error_message')}")
-    found: dict[str, list] = {"tables": [], "table_functions": [], "functions": [], "ctes": []}
+    found: dict[str, list] = {"tables": [], "table_functions": [], "functions": []}
     _walk(tree, found)
-    known = set(schema.TABLES) | {c.lower() for c in found["ctes"]}
     catalogs = {"", con.execute("SELECT current_database()").fetchone()[0].lower()}
-    for catalog, sch, name in found["tables"]:
-        if catalog.lower() not in catalogs or sch.lower() not in SCHEMAS or (sch.lower() != "information_schema" and name.lower() not in known):
+    for catalog, sch, name, ctes in found["tables"]:
+        known = set(schema.TABLES) | ctes
+        if (catalog.lower() not in catalogs or sch.lower() not in SCHEMAS or not IDENTIFIER.match(name)
+                or (sch.lower() != "information_schema" and name.lower() not in known)):
             where = ".".join(x for x in (catalog, sch, name) if x)
             raise ReadOnlyError(f"{where!r} is not a table of the store: the console reads "
                                 f"{', '.join(sorted(schema.TABLES))} (and information_schema)")

@@ -166,6 +166,10 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
             kind = kinds[r.rollout_id]
             if kind == "tokens":
                 new.append(_token_frame(r.rollout_id, g, False))
+            elif kind == "ids" and all(x is None for x in r.token_texts):
+                report.skipped.append((r.rollout_id, "the imported tokens have neither ids nor texts: the policy's "
+                                                     "tokens cannot be lined up with them"))
+                continue
             elif kind == "ids" and [str(x) for x in r.token_texts] != list(g.token_texts):
                 report.skipped.append((r.rollout_id, f"the policy splits this completion into {g.n_tokens} tokens, "
                                                      f"the imported rollout has {r.n} different ones"))
@@ -174,8 +178,13 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
                 fill.append(_token_frame(r.rollout_id, g, True))
             enriched.append((r.rollout_id, g.n_tokens))
         with store.transaction() as cur:
-            if new:
-                store.write({"tokens": _table(_concat(new))}, cur)
+            if new:  # another enrich of the same rollouts may have written them since they were read
+                have = {x[0] for x in cur.execute("SELECT DISTINCT rollout_id FROM tokens WHERE list_contains(?, "
+                                                  "rollout_id)", [[f["rollout_id"][0] for f in new if f["rollout_id"]]]
+                                                  ).fetchall()}
+                new = [f for f in new if not (f["rollout_id"] and f["rollout_id"][0] in have)]
+                if new:
+                    store.write({"tokens": _table(_concat(new))}, cur)
             if fill:
                 cur.register("_enrich_fill", _table(_concat(fill)))
                 try:  # a source's own values win: only NULLs are filled

@@ -839,10 +839,29 @@ class _FileWriter:
     value's) completions at one step in this file, so group ids and sample indices carry over
     from slice to slice."""
 
-    def __init__(self, ctx: _Ctx, src: _Source):
+    def __init__(self, ctx: _Ctx, src: _Source, resumed: bool = False):
         self.ctx, self.src = ctx, src
         self.groups: dict[tuple, list] = {}  # (prompt or group value, step) -> [group id, rollouts so far]
         self.n = 0
+        # a file read on from where an earlier import stopped (a tailed JSONL): a prompt's completions at
+        # a step may straddle the two reads, and must stay one group with sample indices that go on
+        self.resumed = resumed
+
+    def _earlier(self, keys: list[tuple], by_prompt: bool) -> None:
+        """Continue the groups an earlier read of this file began (newest group per prompt and step)."""
+        if not (self.resumed and by_prompt and keys):
+            return
+        pids = [self.ctx.prompt_ids.get(t) or records.prompt_id(self.ctx.task, t) for t, _ in keys]
+        rows = self.ctx.cur.execute("""
+            WITH last AS (SELECT prompt_id, coalesce(train_step, -1) AS st, arg_max(group_id, rollout_id) AS g
+                          FROM rollouts WHERE run_id = ? AND list_contains(?, prompt_id) GROUP BY ALL)
+            SELECT l.prompt_id, l.st, l.g, max(ro.sample_idx) + 1 AS n
+            FROM last l JOIN rollouts ro ON ro.group_id = l.g GROUP BY ALL""", [self.ctx.run_id, pids]).fetchall()
+        found = {(pid, int(st)): (g, int(n)) for pid, st, g, n in rows}
+        for (text, step), pid in zip(keys, pids):
+            hit = found.get((pid, int(step)))
+            if hit is not None:
+                self.groups[(text, step)] = [hit[0], hit[1]]
 
     def write(self, b: _Batch) -> None:
         ctx, n = self.ctx, b.n
@@ -863,6 +882,7 @@ class _FileWriter:
         _, first, inv = np.unique((gcodes << 32) | (step & 0xFFFFFFFF), return_index=True, return_inverse=True)
         order = np.argsort(first, kind="stable")  # groups in the order they first appear
         keys = list(zip([gtexts[c] for c in gcodes[first[order]].tolist()], step[first[order]].tolist()))
+        self._earlier([key for key in keys if key not in self.groups], b.group is None)
         fresh = [key for key in keys if key not in self.groups]
         for gid, key in zip(records.new_ids("g", len(fresh)), fresh):
             self.groups[key] = [gid, 0]
@@ -1123,7 +1143,7 @@ def _import_file(ctx: _Ctx, report: ImportReport, f: Path, start: int, tail: boo
             raise
         _problems(report, [Problem(str(f), None, f"cannot read it ({str(exc).splitlines()[0][:200]})")], on_error)
         return
-    problems, writer, file_step = list(src.problems), _FileWriter(ctx, src), _step_of_name(f)
+    problems, writer, file_step = list(src.problems), _FileWriter(ctx, src, resumed=start > 0), _step_of_name(f)
     try:
         for offset, part in src.slices:
             b, probs = _canonical(src, offset, part, file_step)

@@ -43,6 +43,9 @@ def test_results_are_capped_and_say_so(seeded_store):
     ("SELECT * FROM other.main.rollouts", "not a table of the store"),
     ("SELECT * FROM system.main.duckdb_settings", "not a table of the store"),
     ("SELECT * FROM frame_in_memory", "not a table of the store"),  # no Python replacement scans
+    # a CTE named like a file, defined in a subquery, does not make the file a table outside it
+    ('SELECT *, (WITH "/etc/passwd.csv" AS (SELECT 1) SELECT 1) FROM "/etc/passwd.csv"', "not a table of the store"),
+    ('WITH "x.csv" AS (SELECT 1) SELECT * FROM "x.csv"', "not a table of the store"),
     ("", "SELECT query first"),
 ])
 def test_anything_but_a_read_of_the_store_is_refused_before_it_runs(seeded_store, sql, why):

@@ -530,6 +530,26 @@ def test_tail_jsonl_complete_lines_only_and_resume_without_duplicates(tmp_path):
     store.close()
 
 
+def test_a_group_written_across_two_polls_stays_one_group(store, tmp_path):
+    """verl writes a step's file line by line: a poll may catch half a prompt's completions; the
+    rest join the same group and its sample indices go on (the GRPO advantage needs the group)."""
+    d = tmp_path / "live"
+    d.mkdir()
+    lines = [json.dumps({"input": "Q: 2+2=", "output": f"o{i}", "gts": "4", "score": float(i % 2), "step": 5})
+             for i in range(8)]
+    path = write_jsonl(d / "5.jsonl", lines[:3])
+    tailer = Tailer(store, d, fmt="verl")
+    assert tailer.poll().n_rollouts == 3
+    write_jsonl(path, lines[3:], mode="a")
+    assert tailer.poll().n_rollouts == 5
+    g = store.df("SELECT group_id, sample_idx, text FROM rollouts ORDER BY sample_idx")
+    assert g["group_id"].nunique() == 1 and g["sample_idx"].tolist() == list(range(8))
+    assert g["text"].tolist() == [f"o{i}" for i in range(8)]
+    t = queries.rollout_table(store)
+    adv = t["advantage"].to_numpy()  # one group of 4 right and 4 wrong: ±(0.5 / the group's std)
+    assert (adv > 0).sum() == 4 and (adv < 0).sum() == 4 and np.allclose(abs(adv), 0.5 / (np.std([0, 1] * 4, ddof=1) + 1e-4))
+
+
 # ----------------------------------------------------------------------------------- CLI
 
 def test_cli_imports_and_reports_bad_lines_with_exit_code_2(tmp_path, capsys):

@@ -262,7 +262,7 @@ class ImportPanel(pn.viewable.Viewer):
             return importers.import_run(store, paths if len(paths) > 1 else paths[0], fmt, mapping=mapping,
                                         on_error=self._on_error.value, name=self._name.value.strip() or None,
                                         progress=lambda d, t: done.__setitem__(slice(0, 2), [d, t]),
-                                        cancel=self._cancel)
+                                        cancel=self._cancel, tail=self._tail.value)
 
         task = asyncio.ensure_future(asyncio.to_thread(work))
         try:
@@ -282,7 +282,7 @@ class ImportPanel(pn.viewable.Viewer):
         finally:
             self.running, self._go.disabled, self._stop.disabled = False, False, True
             self._progress.visible = False
-        if getattr(report, "cancelled", False) or self._cancel.is_set():
+        if report.cancelled:
             self._message.object = banner("warn", "Cancelled: nothing was imported.")
             return
         skipped = f"; skipped {report.n_skipped:,} malformed line(s)" if report.n_skipped else ""
@@ -291,7 +291,10 @@ class ImportPanel(pn.viewable.Viewer):
                                                f"{report.run_id}{skipped}.")
                                 + problems_html(report.skipped, report.n_skipped))
         if self._tail.value:
-            folders = {p if p.is_dir() else p.parent for p in paths}
+            folders = {p for p in paths if p.is_dir()}  # a picked file's folder may hold files not picked
+            if len(folders) < len(paths):
+                self._message.object += banner("warn", "Keep watching follows folders: the files picked alone "
+                                                       "are not watched.")
             for folder in folders:
                 key = (store.path, str(folder.resolve()))
                 if key not in tailers():
