@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from .export import (FILETYPES, FORMATS, STYLES, ExportResult, NothingToExport, StalePairsError, export,
                      export_bytes, export_provenance, exports, filetype_of, sidecar_of, versioned_path)
@@ -90,11 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--conflicts", default="drop", choices=("drop", "keep"),
                    help="unpaired: a completion both chosen and rejected is left out (drop) or kept twice")
     args = ap.parse_args(argv)
-    if args.db != ":memory:" and not Path(args.db).expanduser().exists():
-        print(f"error: there is no studio store at {args.db}; give the path of one with --db", file=sys.stderr)
-        return 2
     try:
-        store = Store.open(args.db)
+        store = Store.open_existing(args.db)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -95,7 +95,7 @@ def _batch_rows(store: Store, ids: list[str]) -> pd.DataFrame:
         GROUP BY ro.rollout_id, p.text, ro.text, ro.finish_reason ORDER BY ro.rollout_id""", [ids])
 
 
-def _token_frame(rid: str, g, fill_only: bool) -> dict:
+def _token_frame(rid: str, g) -> dict:
     n = g.n_tokens
     return {
         "rollout_id": [rid] * n, "pos": np.arange(n, dtype=np.int32),
@@ -165,7 +165,7 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
         for r, g in zip(rows.itertuples(index=False), gens):
             kind = kinds[r.rollout_id]
             if kind == "tokens":
-                new.append(_token_frame(r.rollout_id, g, False))
+                new.append(_token_frame(r.rollout_id, g))
             elif kind == "ids" and all(x is None for x in r.token_texts):
                 report.skipped.append((r.rollout_id, "the imported tokens have neither ids nor texts: the policy's "
                                                      "tokens cannot be lined up with them"))
@@ -175,7 +175,7 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
                                                      f"the imported rollout has {r.n} different ones"))
                 continue
             else:
-                fill.append(_token_frame(r.rollout_id, g, True))
+                fill.append(_token_frame(r.rollout_id, g))
             enriched.append((r.rollout_id, g.n_tokens))
         with store.transaction() as cur:
             if new:  # another enrich of the same rollouts may have written them since they were read
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from .vocab import resolve_policy
 
     try:
-        store = Store.open(args.db)
+        store = Store.open_existing(args.db)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         source = load_source(args.rule)
-        store = Store.open(args.db)
+        store = Store.open_existing(args.db)
     except (OSError, ValueError, StoreError) as exc:
         print(f"error: {exc}")
         return 2

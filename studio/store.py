@@ -131,6 +131,18 @@ class Store:
         return store
 
     @classmethod
+    def open_existing(cls, path: str | Path) -> "Store":
+        """Open a store that must already exist: commands that read or change stored rollouts
+        (curation, rules, enrich) must not create an empty store at a mistyped path.
+
+        Raises:
+            StoreError: there is no store at ``path``, or :meth:`open` refuses it.
+        """
+        if str(path) != ":memory:" and not Path(path).expanduser().exists():
+            raise StoreError(f"there is no studio store at {path}; give the path of one with --db")
+        return cls.open(path)
+
+    @classmethod
     def _build(cls, path: Path, seed_dir: str | Path | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.building-{os.getpid()}")

@@ -125,8 +125,6 @@ class ImportPanel(pn.viewable.Viewer):
         self._enrich_go.on_click(self._on_enrich)
         self._enrich_message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                             css_classes=["enrich-message"])
-        self._seen_tail_rows = -1
-        self._filled = False
         if not self.can_run:
             self._layout = pn.pane.HTML(banner("info", "Importing reads files on the server and enriching runs a "
                                                        "model: both are for the studio's admins. The SQL console "
@@ -166,7 +164,6 @@ class ImportPanel(pn.viewable.Viewer):
         """(Re)fill the run and policy pickers and the tailers list (on first open and each refresh)."""
         if not self.can_run:
             return
-        self._filled = True
         store = self.state.store
         runs = enrich.runs_to_enrich(store)
         opts = {f"{r.name or r.run_id} · {r.kind} · {r.n:,} rollouts" + (f" ({r.bare:,} without tokens)" if r.bare else ""):
