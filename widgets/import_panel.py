@@ -300,7 +300,9 @@ class ImportPanel(pn.viewable.Viewer):
                     t.start()
                     tailers()[key] = t
         self._upload.value = None  # uploaded files are imported once
-        self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)
+        self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)  # refills the pickers
+        if report.run_id in self._enrich_run.options.values():
+            self._enrich_run.value = report.run_id  # the run just imported is the one to enrich
 
     # -- enrich -------------------------------------------------------------------------------
     async def _on_enrich(self, event=None) -> None:
