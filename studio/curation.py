@@ -45,12 +45,42 @@ def _rule_arguments(ap: argparse.ArgumentParser) -> None:
         ap.add_argument(flag, dest=f.name, type=kind, default=f.default, choices=meta["choices"], help=meta["help"])
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_export_arguments(e: argparse.ArgumentParser) -> None:
+    """The options of an export of accepted pairs (``curation export``, ``rollout-studio export``)."""
+    e.add_argument("--out", required=True, help="file (.jsonl, .parquet) or folder (a datasets save_to_disk folder)")
+    e.add_argument("--format", default="preference", choices=FORMATS)
+    e.add_argument("--style", default="standard", choices=STYLES)
+    e.add_argument("--filetype", default=None, choices=FILETYPES, help="default: from --out's suffix")
+    e.add_argument("--overwrite", action="store_true", help="replace --out if it exists (default: write name-2…)")
+    e.add_argument("--skip-stale", action="store_true", help="leave stale pairs out instead of refusing")
+    e.add_argument("--build", default=None, help="only pairs of this build")
+    e.add_argument("--kind", action="append", choices=("completion", "step"), default=None,
+                   help="only pairs of this kind (repeatable)")
+    e.add_argument("--step-source", default=None, help="stepwise: the step-reward source that labels steps")
+    e.add_argument("--step-threshold", type=float, default=0.5, help="stepwise: a step is good when its reward > this")
+    e.add_argument("--no-answer-step", dest="answer_step", action="store_false",
+                   help="stepwise: leave out the text after the last step (default: a step labelled by correctness)")
+    e.add_argument("--conflicts", default="drop", choices=("drop", "keep"),
+                   help="unpaired: a completion both chosen and rejected is left out (drop) or kept twice")
+
+
+def run_export(store: Store, args: argparse.Namespace) -> int:
+    """Export as :func:`add_export_arguments`' options say; prints what was written. Raises
+    what :func:`studio.export.export` raises (the caller maps it to an exit code)."""
+    res = export(store, args.out, args.format, args.style, args.filetype, overwrite=args.overwrite,
+                 skip_stale=args.skip_stale, build_id=args.build, kinds=args.kind, step_source=args.step_source,
+                 step_threshold=args.step_threshold, answer_step=args.answer_step, conflicts=args.conflicts)
+    print(res.message)
+    print(f"provenance: {res.provenance_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m studio.curation") -> int:
     """``python -m studio.curation {build,accept,reject,status,export} --db PATH ...`` (see the
     module's docstring); returns the exit code."""
     from .store import default_db_path
 
-    ap = argparse.ArgumentParser(prog="python -m studio.curation",
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Build preference pairs from stored rollouts, review them, and export "
                                              "them in TRL's dataset formats.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -72,22 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                             "so a person's decisions stand)")
         p.add_argument("--reviewer", default=None, help="who decided (default: the login name)")
     common(sub.add_parser("status", help="review progress and builds"))
-    e = common(sub.add_parser("export", help="write accepted pairs in a TRL format"))
-    e.add_argument("--out", required=True, help="file (.jsonl, .parquet) or folder (a datasets save_to_disk folder)")
-    e.add_argument("--format", default="preference", choices=FORMATS)
-    e.add_argument("--style", default="standard", choices=STYLES)
-    e.add_argument("--filetype", default=None, choices=FILETYPES, help="default: from --out's suffix")
-    e.add_argument("--overwrite", action="store_true", help="replace --out if it exists (default: write name-2…)")
-    e.add_argument("--skip-stale", action="store_true", help="leave stale pairs out instead of refusing")
-    e.add_argument("--build", default=None, help="only pairs of this build")
-    e.add_argument("--kind", action="append", choices=("completion", "step"), default=None,
-                   help="only pairs of this kind (repeatable)")
-    e.add_argument("--step-source", default=None, help="stepwise: the step-reward source that labels steps")
-    e.add_argument("--step-threshold", type=float, default=0.5, help="stepwise: a step is good when its reward > this")
-    e.add_argument("--no-answer-step", dest="answer_step", action="store_false",
-                   help="stepwise: leave out the text after the last step (default: a step labelled by correctness)")
-    e.add_argument("--conflicts", default="drop", choices=("drop", "keep"),
-                   help="unpaired: a completion both chosen and rejected is left out (drop) or kept twice")
+    add_export_arguments(common(sub.add_parser("export", help="write accepted pairs in a TRL format")))
     args = ap.parse_args(argv)
     try:
         store = Store.open_existing(args.db)
@@ -116,12 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {r.build_id}  {r.rule} ({r.level}) under {r.rule_version_id}: {r.n_pairs} pairs, "
                       f"{r.pending} pending, {r.accepted} accepted, {r.rejected} rejected")
             return 0
-        res = export(store, args.out, args.format, args.style, args.filetype, overwrite=args.overwrite,
-                     skip_stale=args.skip_stale, build_id=args.build, kinds=args.kind, step_source=args.step_source,
-                     step_threshold=args.step_threshold, answer_step=args.answer_step, conflicts=args.conflicts)
-        print(res.message)
-        print(f"provenance: {res.provenance_path}")
-        return 0
+        return run_export(store, args)
     except (NothingToExport, StalePairsError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1

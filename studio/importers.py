@@ -1177,13 +1177,13 @@ def _problems(report: ImportReport, problems: list[Problem], on_error: str) -> N
 
 # ----------------------------------------------------------------------------------------- CLI
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m studio.importers") -> int:
     """``python -m studio.importers PATH... [--format F] [--map field=column ...] [--skip-bad] [--tail]``."""
     import argparse
 
     from .store import StoreError, default_db_path
 
-    ap = argparse.ArgumentParser(prog="python -m studio.importers",
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Import the rollouts of a training run (TRL, verl, OpenRLHF / "
                                              "RL-Logging-Board, or any JSONL / Parquet with --map) into the store.")
     ap.add_argument("paths", nargs="+", help="files, or run directories (their shards are imported in step order)")

@@ -350,13 +350,13 @@ def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = Non
     return Diff(a, b, df, g[["group_id", "prompt", "all_equal_a", "all_equal_b"]])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m studio.rules") -> int:
     """``python -m studio.rules --db PATH --rule FILE.py|package.module --name NAME``."""
     import argparse
 
     from .store import StoreError, default_db_path
 
-    ap = argparse.ArgumentParser(prog="python -m studio.rules", description="Apply a reward rule to stored rollouts "
+    ap = argparse.ArgumentParser(prog=prog, description="Apply a reward rule to stored rollouts "
                                  "(in the sandbox) and store it as a new version.")
     ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
     ap.add_argument("--rule", required=True, help="a .py file or a dotted module path defining reward()")
