@@ -68,13 +68,17 @@ def can_show() -> bool:
     return True
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
     from studio.store import default_db_path
 
-    ap = argparse.ArgumentParser(prog="launch.py", description="Serve Rollout Studio.")
+    ap = argparse.ArgumentParser(prog=prog, description="Serve Rollout Studio.")
     ap.add_argument("--db", type=Path, default=None,
                     help=f"DuckDB store; created and seeded with sample rollouts if missing (default {default_db_path()})")
-    ap.add_argument("--policy", type=Path, default=None, help="policy folder for Generate (default: the sample policy)")
+    ap.add_argument("--policy", default=None,
+                    help="policy for Generate and Branch: a folder, or a backend URL such as http://gpu-box:8000 "
+                         "(`rollout-studio backend`, vLLM, SGLang); default: the sample policy")
+    ap.add_argument("--api-key", default=None,
+                    help="API key of a backend URL (default $ROLLOUT_STUDIO_API_KEY); never stored or shown")
     ap.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
     ap.add_argument("--address", default="127.0.0.1",
                     help="address to bind (default 127.0.0.1); any other needs --basic-auth or --oauth-provider")
@@ -89,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = build_parser()
+def parse_args(argv: list[str] | None = None, prog: str = "launch.py") -> argparse.Namespace:
+    ap = build_parser(prog)
     args = ap.parse_args(argv)
     if not 0 < args.port < 65536:
         ap.error(f"--port must be 1-65535, got {args.port}")
@@ -106,8 +110,8 @@ def admin_set(value: str | None) -> frozenset[str] | None:
     return frozenset(name.strip() for name in value.split(",") if name.strip())
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
+    args = parse_args(argv, prog)
     if not is_loopback(args.address) and not (args.basic_auth or args.oauth_provider):
         print(f"error: refusing to listen on {args.address} without authentication: the studio runs code and "
               "trains models. Add --basic-auth PASSWORD (or a file of user:password lines), or --oauth-provider, "
@@ -116,23 +120,39 @@ def main(argv: list[str] | None = None) -> int:
 
     import panel as pn
 
-    from backends import PolicyLoadError, check_policy_folder
+    from backends import PolicyLoadError, check_policy_folder, is_policy_url
     from sample_data import POLICY_DIR, ROLLOUTS_DIR
     from studio.app import create_app
     from studio.store import Store, StoreError, default_db_path
 
     db = args.db or default_db_path()
-    policy = (args.policy or POLICY_DIR).expanduser().resolve()
     try:
         store = Store.open(db, seed_dir=ROLLOUTS_DIR)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.api_key:  # workers inherit it; it is never written to the store or the page
+        os.environ["ROLLOUT_STUDIO_API_KEY"] = args.api_key
     try:
-        check_policy_folder(policy)
+        if args.policy and is_policy_url(args.policy):
+            from backends.remote import normalize_url
+
+            policy = normalize_url(args.policy)
+        else:
+            policy = Path(args.policy or POLICY_DIR).expanduser().resolve()
+            check_policy_folder(policy)
     except PolicyLoadError as exc:
         print(f"error: --policy: {exc}", file=sys.stderr)
         return 2
+    if isinstance(policy, str):  # a backend that is down is not fatal: the page says so, with a Retry
+        from backends.remote import RemoteError, remote_info
+
+        try:
+            info = remote_info(policy)
+            print(f"backend {policy}: {info.model} on {info.device or 'a device it does not report'}"
+                  f"{'' if info.extension else ' (plain server: entropy estimated, no branching)'}", flush=True)
+        except RemoteError as exc:
+            print(f"warning: --policy: {exc}", file=sys.stderr)
 
     admins = admin_set(args.admins)
     if args.check:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .device import pick_device
-from .types import Generation, PolicyLoadError, check_policy_folder
+from .types import Generation, PolicyLoadError, check_policy_folder, is_policy_url
 
 
 def token_texts(tokenizer, seqs: list[list[int]], window: int = 4) -> list[list[str]]:
@@ -380,5 +380,13 @@ def _cached(path: str, device: str | None) -> Policy:
 
 
 def load_policy(path: str | Path, device: str | None = None) -> Policy:
-    """Load a policy folder once per process (later calls return the same object)."""
+    """Load a policy folder once per process (later calls return the same object).
+
+    A URL (``http://gpu-box:8000``) gives a ``backends.remote.RemotePolicy`` instead: the
+    same interface, served by a backend elsewhere (``device`` is the server's business).
+    """
+    if is_policy_url(path):
+        from .remote import load_remote
+
+        return load_remote(str(path))
     return _cached(str(Path(path).expanduser().resolve()), device)

@@ -10,7 +10,8 @@ import numpy as np
 
 
 class PolicyLoadError(ValueError):
-    """The given path is not a loadable causal-LM folder; the message says why."""
+    """The given policy cannot be used: not a loadable causal-LM folder, or a backend URL
+    that does not answer as one (``backends.remote.RemoteError``); the message says why."""
 
 
 @dataclass
@@ -28,14 +29,27 @@ class Generation:
     topk_ids: np.ndarray  # [T, k] int64
     topk_logprobs: np.ndarray  # [T, k] float32
     finish_reason: str  # "stop" (end token sampled) or "length" (max_new_tokens reached)
+    entropy_estimate: bool = False  # entropies bounded from top-k logprobs (a plain OpenAI server), not exact
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
 
+def is_policy_url(policy: object) -> bool:
+    """Whether ``policy`` names a remote backend (``http://`` or ``https://``) rather than a folder.
+
+    >>> is_policy_url("http://gpu-box:8000"), is_policy_url("sample_data/policy")
+    (True, False)
+    """
+    return isinstance(policy, str) and policy.lower().startswith(("http://", "https://"))
+
+
 def check_policy_folder(path: str | Path) -> None:
     """Raise :class:`PolicyLoadError` unless ``path`` looks like a saved causal-LM folder."""
+    if is_policy_url(path):
+        raise PolicyLoadError(f"{path} is a remote backend (a URL); this needs the policy's weights in a local "
+                              "folder: give the folder written by save_pretrained")
     path = Path(path)
     if not path.exists():
         raise PolicyLoadError(f"policy folder {str(path)!r} does not exist")

@@ -26,6 +26,10 @@ def open_shared_store(db_path: str | Path) -> Store:
 
 def describe_policy(path: str | Path) -> str:
     """One line naming the policy folder, its architecture and where it will run."""
+    from backends import is_policy_url
+
+    if is_policy_url(path):  # its health and device are in the Generate card's backend line
+        return f"remote backend {path}"
     p = Path(path)
     try:
         cfg = json.loads((p / "config.json").read_text())
@@ -80,7 +84,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
 
     pn.extension("tabulator", "codeeditor", design="bootstrap", notifications=False)
     db_path = db_path or default_db_path()
-    policy_path = Path(policy_path or POLICY_DIR)
+    policy_path = policy_path or POLICY_DIR  # a folder, or a backend URL (a str: Path would mangle "//")
     # Bootstrap rather than Fast: Fast's design fetches a web font, and the studio must
     # render with no network.
     template = pn.template.BootstrapTemplate(

@@ -219,7 +219,7 @@ def _export(argv: list[str]) -> int:
 def _serve(argv: list[str]) -> int:
     import launch
 
-    return launch.main(argv)
+    return launch.main(argv, prog=f"{PROG} serve")
 
 
 def _import(argv: list[str]) -> int:
@@ -237,7 +237,7 @@ def _curate(argv: list[str]) -> int:
 def _enrich(argv: list[str]) -> int:
     from .enrich import main
 
-    return main(argv)
+    return main(argv, prog=f"{PROG} enrich")
 
 
 def _backend(argv: list[str]) -> int:

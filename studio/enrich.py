@@ -32,10 +32,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from backends.types import check_policy_folder
-
 from . import workers
 from .store import Store
+from .vocab import check_policy
 
 
 @dataclass
@@ -134,12 +133,12 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
     rollouts that need nothing are left alone, so enriching twice writes nothing new.
 
     Raises:
-        PolicyLoadError: ``policy_path`` is not a model folder (nothing written).
+        PolicyLoadError: ``policy_path`` is not a model folder, or a backend URL that does not
+            answer (nothing written).
     """
     t0 = time.perf_counter()
-    folder = Path(policy_path).expanduser().resolve()
-    check_policy_folder(folder)
-    version = workers.policy_version(str(folder))
+    folder, backend = await check_policy(policy_path)
+    version = backend.version if backend is not None else workers.policy_version(str(folder))
     report = EnrichReport(policy_version=version)
     todo = needs_enrich(store, run_id, rollout_ids)
     kinds = dict(zip(todo["rollout_id"], todo["missing"]))
@@ -164,6 +163,9 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
         new, fill, enriched = [], [], []
         for r, g in zip(rows.itertuples(index=False), gens):
             kind = kinds[r.rollout_id]
+            if isinstance(g, str):  # the worker could not score it (too long for the policy): say why
+                report.skipped.append((r.rollout_id, g))
+                continue
             if kind == "tokens":
                 new.append(_token_frame(r.rollout_id, g))
             elif kind == "ids" and all(x is None for x in r.token_texts):
@@ -220,7 +222,7 @@ def enrich_sync(*args, **kwargs) -> EnrichReport:
     return run_sync(enrich, *args, **kwargs)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m studio.enrich") -> int:
     """``python -m studio.enrich --policy FOLDER [--run RUN_ID] [--db PATH]``; returns the exit code."""
     import argparse
     import sys
@@ -229,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from .store import StoreError, default_db_path
 
-    ap = argparse.ArgumentParser(prog="python -m studio.enrich",
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Fill in token ids, log-probs, entropy and top-k of stored rollouts "
                                              "that lack them (imports), by teacher-forcing a policy.")
-    ap.add_argument("--policy", required=True, help="policy folder (or 'sample' for the bundled one)")
+    ap.add_argument("--policy", required=True, help="policy folder ('sample' for the bundled one) or a backend URL "
+                                                    "(key in $ROLLOUT_STUDIO_API_KEY)")
     ap.add_argument("--run", default=None, help="only this run's rollouts (default: every rollout)")
     ap.add_argument("--batch", type=int, default=64, help="rollouts per worker call and per transaction")
     ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")

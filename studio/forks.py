@@ -42,7 +42,7 @@ from .records import generation_rows, prompt_rows
 from .rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
 from .store import Store
 from .tasks import get_task
-from .vocab import policy_label, resolve_policy
+from .vocab import check_policy, policy_label, resolve_policy
 
 DEFAULT_Q = 0.2
 SCOPES = {"run": "this rollout's run", "step": "this rollout's training step", "filter": "the table's filter"}
@@ -192,7 +192,7 @@ class BranchPlan:
     choices: list[int | None]
     prefix_ids: list[int]
     prefix_text: str
-    policy_path: Path
+    policy_path: Path | str  # a folder, or a backend URL
     depth: int
     config: BranchConfig
 
@@ -242,14 +242,18 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
         raise BranchError(f"this would be a branch {depth} forks deep; branches nest at most {MAX_DEPTH} deep. "
                           "Branch an earlier rollout of this tree instead")
     label = policy_path if policy_path is not None else parent.get("policy")
-    folder = resolve_policy(label) if label else None
+    try:
+        folder = resolve_policy(label) if label else None
+    except PolicyLoadError as exc:  # a malformed backend URL
+        raise NoPolicyError(f"rollout {rollout_id} names policy {label!r}, which cannot be used: {exc}") from None
     if folder is None:
         raise NoPolicyError(
             f"rollout {rollout_id} comes from run {parent.get('run')!r}, which has no policy attached "
             "(an import of text only). Branching re-runs the policy from the fork: attach the policy "
             "folder that made these rollouts (transformers format, same tokenizer) and branch again")
     try:
-        check_policy_folder(folder)
+        if not isinstance(folder, str):  # a backend URL is asked when the branch starts
+            check_policy_folder(folder)
     except PolicyLoadError as exc:
         raise NoPolicyError(f"rollout {rollout_id} names policy {label!r}, which cannot be loaded here: {exc}. "
                             "Attach the policy folder that made it to branch") from None
@@ -267,7 +271,8 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     prefix = toks.iloc[:fork_pos]
     return BranchPlan(parent=parent, fork_pos=fork_pos, choices=choices,
                       prefix_ids=[int(i) for i in prefix["token_id"]], prefix_text="".join(prefix["token_text"]),
-                      policy_path=Path(folder).expanduser().resolve(), depth=depth, config=config)
+                      policy_path=folder if isinstance(folder, str) else Path(folder).expanduser().resolve(),
+                      depth=depth, config=config)
 
 
 def branch_frames(plan: BranchPlan, run_id: str, gens: list, rule: Rule, version: str | None) -> dict:
@@ -297,6 +302,8 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
     leaves no rows (only its run, marked cancelled or failed).
     """
     plan = plan_branch(store, rollout_id, fork_pos, choices, config, policy_path)
+    if isinstance(plan.policy_path, str):
+        await _check_backend(plan, attached=policy_path is not None)
     task = get_task(plan.parent["task"])
     rule = rule or DEFAULT_RULES[task.name]
     executor = executor or workers.pool()
@@ -333,6 +340,24 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
             result.status = "cancelled"
         set_status(store, run_id, result.status)
     return result
+
+
+async def _check_backend(plan: BranchPlan, attached: bool) -> None:
+    """A backend URL must answer and offer the extension's forced-prefix continuation;
+    otherwise raise before anything is written (:class:`NoPolicyError` when the URL came
+    from the rollout's run, so another policy can be attached instead)."""
+    from backends.remote import RemoteError, remote_info
+
+    url = plan.policy_path
+    try:
+        info = await asyncio.to_thread(remote_info, url)
+    except RemoteError as exc:
+        raise BranchError(str(exc)) from None
+    if not info.extension:
+        msg = (f"the backend at {url} is a plain OpenAI-compatible server: branching needs the rollout-studio "
+               "extension (forced-prefix continuation, 'studio.prefix'). Serve the policy with `rollout-studio "
+               "backend --policy PATH`")
+        raise (BranchError(msg) if attached else NoPolicyError(msg + ", or attach a policy folder and branch"))
 
 
 async def _await(fut, cancel: threading.Event | None, poll_s: float = 0.05):
@@ -524,9 +549,8 @@ async def score_with(store: Store, policy_path: str | Path, rollout_ids: list[st
 
     Returns the policy version. Rollouts already scored by that version are skipped.
     """
-    folder = Path(policy_path).expanduser().resolve()
-    check_policy_folder(folder)
-    version = workers.policy_version(str(folder))
+    folder, backend = await check_policy(policy_path)
+    version = backend.version if backend is not None else workers.policy_version(str(folder))
     done = set(store.df("SELECT DISTINCT rollout_id FROM token_scores WHERE policy_version = ? "
                         "AND list_contains(?, rollout_id)", [version, rollout_ids])["rollout_id"])
     todo = [r for r in rollout_ids if r not in done]

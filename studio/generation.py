@@ -17,11 +17,11 @@ from typing import Callable
 
 import pandas as pd
 
-from backends import PolicyLoadError, check_policy_folder
+from backends import PolicyLoadError
 
 from . import workers
 from .records import generation_rows, new_id, now, prompt_rows
-from .vocab import policy_label
+from .vocab import check_policy, policy_label
 from .rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
 from .store import Store
 from .tasks import Prompt, Task, TaskParseError, get_task
@@ -121,18 +121,23 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
                    name: str | None = None) -> GenerateResult:
     """Sample ``config.group_size`` completions for each prompt and store them.
 
-    Bad input (unparsable prompt, missing policy folder, invalid settings) raises before
-    anything is written. ``on_progress(done, total, message)`` is called after every chunk.
+    ``policy_path`` is a folder or a backend URL (``backends.remote``). Bad input
+    (unparsable prompt, missing policy folder, a backend that does not answer, invalid
+    settings) raises before anything is written. ``on_progress(done, total, message)`` is
+    called after every chunk. A backend without the studio's extension gives entropies
+    estimated from top-k logprobs: the run's config (``backend.entropy``), its default name
+    and every rollout's policy version say so.
     """
     config.validate()
     the_task = get_task(task)
     prompts = parse_prompts(the_task, prompt_texts)
-    policy_path = Path(policy_path).expanduser().resolve()
-    check_policy_folder(policy_path)
+    policy_path, backend = await check_policy(policy_path)
     rule = rule or DEFAULT_RULES[the_task.name]
     executor = executor or workers.pool()
-    run_id = start_run(store, "generate", name or f"generate · {len(prompts)} prompts × {config.group_size}",
-                       policy_label(policy_path), the_task.name, asdict(config))
+    run_config = asdict(config) | ({"backend": backend.describe()} if backend is not None else {})
+    estimated = " · entropy estimated" if backend is not None and not backend.extension else ""
+    run_id = start_run(store, "generate", name or f"generate · {len(prompts)} prompts × {config.group_size}{estimated}",
+                       policy_label(policy_path), the_task.name, run_config)
     result = GenerateResult(run_id=run_id, status="running")
     chunks = [prompts[i:i + chunk_prompts] for i in range(0, len(prompts), chunk_prompts)]
     total = len(prompts) * config.group_size

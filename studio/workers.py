@@ -16,11 +16,16 @@ _pool: ProcessPoolExecutor | None = None
 
 
 def _init_worker() -> None:
+    import signal
+
     import torch
+    from transformers.utils import logging as hf_logging
 
     from backends.device import cpu_threads
 
     torch.set_num_threads(cpu_threads())  # one core stays with the server
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle, not a traceback per worker
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in a notebook cell or a CLI's output
     _exit_with_parent()
 
 
@@ -66,9 +71,15 @@ def reset_pool(broken: ProcessPoolExecutor | None = None) -> None:
 
 
 def policy_version(path: str) -> str:
-    """``<folder>@<hash of its weights>`` (see ``backends.types.weights_version``)."""
-    from backends.types import weights_version
+    """``<folder>@<hash of its weights>`` (see ``backends.types.weights_version``); for a
+    backend URL what the backend says (``backends.remote.BackendInfo.version``:
+    ``<url>#<folder>@<hash>``, or ``<url>#<model>@entropy-est-top20`` from a plain server)."""
+    from backends.types import is_policy_url, weights_version
 
+    if is_policy_url(path):
+        from backends.remote import load_remote
+
+        return load_remote(path).version
     return weights_version(path)
 
 
@@ -109,7 +120,9 @@ def score_job(policy_path: str, prompts: list[str], completions: list[list[int]]
 
 def enrich_job(policy_path: str, prompts: list[str], completions: list[str | list[int]],
                expect: list[int | None], stopped: list[bool]) -> tuple[list, str, str]:
-    """Runs in a worker: teacher-forced statistics of imported completions (``studio.enrich``).
+    """Runs in a worker: teacher-forced statistics of imported completions (``studio.enrich``);
+    one ``Generation`` per rollout, or the reason it cannot be scored (longer than the policy's
+    context) as a string.
 
     A text completion gets the end-of-sequence token appended when it ``stopped`` (its
     finish reason is stop), or when its source counted ``expect`` tokens, one more than the
@@ -119,15 +132,39 @@ def enrich_job(policy_path: str, prompts: list[str], completions: list[str | lis
 
     policy = load_policy(policy_path)
     tok = policy.tokenizer
-    forced: list[str | list[int]] = []
-    for c, n, stop in zip(completions, expect, stopped):
+    limit = context_length(policy)
+    forced: list[list[int]] = []
+    too_long: dict[int, str] = {}
+    for i, (p, c, n, stop) in enumerate(zip(prompts, completions, expect, stopped)):
         if isinstance(c, str):
             ids = tok(c, add_special_tokens=False)["input_ids"]
             if tok.eos_token_id is not None and (stop or (n is not None and len(ids) + 1 == n)):
                 ids = ids + [tok.eos_token_id]
             c = ids
+        if limit is not None:
+            total = len(tok(p)["input_ids"]) + len(c)
+            if total > limit:
+                too_long[i] = (f"prompt and completion are {total} tokens for this policy, which reads at most "
+                               f"{limit}: it cannot score this rollout")
+                continue
         forced.append(c)
-    return policy.score(prompts, forced), policy_version(str(policy.path)), policy.device
+    keep = [p for i, p in enumerate(prompts) if i not in too_long]
+    scored = iter(policy.score(keep, forced) if forced else [])
+    out = [too_long[i] if i in too_long else next(scored) for i in range(len(prompts))]
+    return out, policy_version(str(policy.path)), policy.device
+
+
+def context_length(policy) -> int | None:
+    """The longest sequence (prompt + completion) a policy reads: its config's positions
+    (a local folder) or what a backend reports (``max_model_len``); None when unknown."""
+    if callable(getattr(policy, "info", None)):  # a backend (backends.remote.RemotePolicy)
+        return policy.info().max_model_len
+    cfg = getattr(getattr(policy, "model", None), "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and 0 < value < 10_000_000:
+            return value
+    return None
 
 
 def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], answers: list[str],
@@ -191,9 +228,13 @@ _warmed: set[str] = set()
 def warm(policy: str | Path | None) -> None:
     """Start the worker and load ``policy`` in the background (once per policy per process),
     so the first branch or sample request does not wait for the process and the weights."""
+    from backends.types import is_policy_url
+
     from .vocab import resolve_policy
 
-    folder = resolve_policy(policy) if policy else None
+    if not policy or is_policy_url(policy):
+        return  # nothing to load here for a backend URL: the backend loads on its own
+    folder = resolve_policy(policy)
     if folder is None or not (folder / "config.json").is_file():
         return
     key = str(folder.resolve())

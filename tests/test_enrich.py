@@ -99,3 +99,28 @@ def test_the_cli_refuses_a_store_that_is_not_there(tmp_path, capsys):
     missing = tmp_path / "typo.duckdb"
     assert enrich.main(["--policy", "sample", "--db", str(missing)]) == 2
     assert "no studio store" in capsys.readouterr().err and not missing.exists()
+
+
+def test_a_rollout_longer_than_the_policys_context_is_skipped_with_the_reason(tmp_path):
+    """The sample policy reads 96 positions: a longer import is reported, the others enriched."""
+    import json
+
+    from sample_data import POLICY_DIR
+    from studio.enrich import enrich_sync
+    from studio.importers import import_run
+    from studio.store import Store
+
+    store = Store.open(tmp_path / "s.duckdb")
+    try:
+        lines = [{"input": "Q: 1+1=", "output": "1+1=2;A:2", "gts": "2", "score": 1.0, "step": 0},
+                 {"input": "Q: 1+1=", "output": "1+1=2;" * 30 + "A:2", "gts": "2", "score": 1.0, "step": 0}]
+        (tmp_path / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        rep = import_run(store, tmp_path / "0.jsonl", "verl")
+        long_id = store.scalar("SELECT rollout_id FROM rollouts WHERE length(text) > 100")
+        report = enrich_sync(store, POLICY_DIR, run_id=rep.run_id)
+        assert report.n_rollouts == 1
+        assert [rid for rid, _ in report.skipped] == [long_id]
+        assert "reads at most 96" in report.skipped[0][1]
+        assert store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ?", [long_id]) == 0
+    finally:
+        store.close()

@@ -1,17 +1,24 @@
 """Generate: pick or type prompts, choose a group size, sample in a worker with progress.
 
 The sampling runs in a worker process; this callback only awaits it, so the page stays
-responsive. Bad input (an unparsable prompt, a missing policy folder, invalid settings) is
-shown in place and nothing is written.
+responsive. Bad input (an unparsable prompt, a missing policy folder, a backend that does
+not answer, invalid settings) is shown in place and nothing is written.
+
+The first line says where the policy runs (:class:`BackendStatus`): the local worker (CPU
+or CUDA, known once it has run), or a remote backend with its health, checked off the
+page's event loop within seconds, with a Retry when it is down or slow.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
+import urllib.parse
+from pathlib import Path
 
 import panel as pn
 import param
 
-from backends import PolicyLoadError
+from backends import PolicyLoadError, is_policy_url
 from studio import queries, rules
 from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate
 from studio.store import StoreError
@@ -19,7 +26,135 @@ from studio.tasks import TaskParseError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
 
 from .state import StudioState
-from .style import CSS, banner
+from .style import CSS, banner, esc
+
+BACKEND_CSS = """
+.backend-line { font-size:12px; color:#495057; display:flex; align-items:center; gap:5px; flex-wrap:wrap;
+                margin:2px 0; }
+.backend-line b { color:#212529; font-weight:600; }
+.backend-line .sep { color:#adb5bd; }
+.backend-dot { display:inline-block; width:8px; height:8px; border-radius:50%; flex:none; }
+.backend-dot.ok { background:#37b24d; } .backend-dot.warn { background:#f59f00; }
+.backend-dot.bad { background:#e03131; } .backend-dot.idle { background:#ced4da; }
+.backend-note { font-size:11px; color:#868e96; margin:0 0 2px 13px; }
+.backend-note.bad { color:#a61e4d; white-space:pre-wrap; }
+"""
+SLOW_S = 1.0  # a health check slower than this is shown as slow
+CHECK_EVERY_MS = 30_000  # a remote backend's health is checked again this often while the page is open
+_local_devices: dict[str, str] = {}  # policy folder -> device its worker reported ("cpu", "cuda")
+
+
+def backend_html(policy: str, state: str, info=None, error: str | None = None, device: str | None = None) -> str:
+    """The backend line: where ``policy`` runs and how it is (``state``: local, checking, ok, down).
+
+    ``info`` is a remote backend's ``BackendInfo``; ``error`` why it did not answer; ``device``
+    a local worker's device once known.
+    """
+    if not is_policy_url(policy):
+        from sample_data import POLICY_DIR
+
+        p = Path(policy)
+        name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
+        if device:
+            where = f"<b>{esc(device.upper())}</b>"
+        else:
+            where = '<span title="the worker loads the policy on the first Generate or Branch">CUDA if present, else CPU</span>'
+        return (f'<div class="backend-line"><span class="backend-dot {"ok" if device else "idle"}"></span>'
+                f'<span>local worker</span><span class="sep">·</span><b>{esc(name)}</b><span class="sep">·</span>'
+                f'{where}</div>')
+    host = urllib.parse.urlsplit(policy).netloc or policy
+    head = (f'<span>remote</span><span class="sep">·</span><b title="{esc(policy)}">{esc(host)}</b>')
+    if state == "checking":
+        return f'<div class="backend-line"><span class="backend-dot idle"></span>{head}<span>· checking…</span></div>'
+    if state == "down" or info is None:
+        return (f'<div class="backend-line"><span class="backend-dot bad"></span>{head}<span class="sep">·</span>'
+                f'<b>not answering</b></div><div class="backend-note bad">{esc(error or "")}</div>')
+    ms = info.latency_s * 1000
+    slow = info.latency_s > SLOW_S
+    dot = "warn" if slow or not info.extension else "ok"
+    line = (f'<div class="backend-line"><span class="backend-dot {dot}"></span>{head}<span class="sep">·</span>'
+            f'<span>{esc(info.model)}</span><span class="sep">·</span><span>{esc(info.device or "device not reported")}'
+            f'</span><span class="sep">·</span><span title="round trip of GET /v1/models">'
+            f'{"slow: " if slow else ""}{ms:,.0f} ms</span></div>')
+    if not info.extension:
+        line += ('<div class="backend-note">plain OpenAI-compatible server: entropy estimated from the top-20 '
+                 'logprobs (a lower bound); branching needs a rollout-studio backend</div>')
+    return line
+
+
+class BackendStatus(pn.viewable.Viewer):
+    """Where the session's policy runs and whether it answers; Retry when it does not."""
+
+    state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    healthy = param.Boolean(default=True, doc="False while a remote backend does not answer.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._line = pn.pane.HTML("", stylesheets=[CSS, BACKEND_CSS], sizing_mode="stretch_width", margin=(0, 5),
+                                  css_classes=["backend-status"])
+        self._retry = pn.widgets.Button(name="Retry", button_type="light", width=64, height=28, visible=False,
+                                        css_classes=["backend-retry"], margin=(0, 5))
+        self._retry.on_click(lambda e: self.check())
+        self._token = 0
+        self._layout = pn.Row(self._line, self._retry, sizing_mode="stretch_width", margin=0)
+        self.check()
+        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:  # one poll per open page
+            pn.state.add_periodic_callback(self._poll, period=CHECK_EVERY_MS)
+
+    @property
+    def policy(self) -> str:
+        return str(self.state.policy_path)
+
+    @param.depends("state.policy_path", watch=True)
+    def check(self) -> None:
+        """Show the local worker at once; ask a remote backend (off the event loop)."""
+        policy = self.policy
+        self._token += 1
+        token = self._token
+        if not is_policy_url(policy):
+            self._line.object = backend_html(policy, "local", device=_local_devices.get(str(Path(policy).resolve())))
+            self._retry.visible, self.healthy = False, True
+            return
+        self._line.object = backend_html(policy, "checking")
+        self._retry.disabled = True
+
+        def ask():
+            from backends.remote import remote_info
+
+            try:
+                return remote_info(policy), None
+            except PolicyLoadError as exc:  # a RemoteError (down, slow, refused) or a malformed URL
+                return None, str(exc)
+
+        def show(result) -> None:
+            if token != self._token:  # the policy changed meanwhile: a newer check owns the line
+                return
+            info, error = result
+            self._line.object = backend_html(policy, "ok" if info else "down", info=info, error=error)
+            self.healthy = info is not None
+            self._retry.visible, self._retry.disabled = info is None or info.latency_s > SLOW_S, False
+
+        if pn.state.curdoc is None or pn.state.curdoc.session_context is None:  # not served (a script): inline
+            show(ask())
+            return
+
+        async def task():
+            show(await asyncio.to_thread(ask))
+
+        pn.state.execute(task)
+
+    def ran_on(self, device: str | None) -> None:
+        """A job finished on ``device`` (a result's device): a local worker's device is now known."""
+        if device and not is_policy_url(self.policy) and not device.startswith("remote"):
+            _local_devices[str(Path(self.policy).resolve())] = device
+            self.check()
+
+    def _poll(self) -> None:
+        if is_policy_url(self.policy):
+            self.check()
+
+    def __panel__(self):
+        return self._layout
 
 
 class GeneratePanel(pn.viewable.Viewer):
@@ -56,7 +191,9 @@ class GeneratePanel(pn.viewable.Viewer):
         self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,
                                                 bar_color="primary", height=14)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["generate-status"])
+        self.backend = BackendStatus(state=self.state)
         self._layout = pn.Column(
+            self.backend,
             pn.widgets.MultiChoice.from_param(self.param.picked, name="Sample prompts", max_items=64,
                                               sizing_mode="stretch_width", placeholder="pick prompts…"),
             pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
@@ -120,11 +257,14 @@ class GeneratePanel(pn.viewable.Viewer):
             self.running = False
             self._go.disabled, self._stop.disabled = False, True
             self._progress.visible = False
-        if result is None:
-            return
-        if result.status == "failed":
+        if result is None or result.status == "failed":
+            if is_policy_url(str(self.state.policy_path)):  # the backend may be down: the line says so, with Retry
+                self.backend.check()
+            if result is None:
+                return
             self._status.object = banner("error", f"Generate failed: {result.error}")
         else:
+            self.backend.ran_on(result.device)
             where = f" on {result.device}" if result.device else ""
             self._status.object = banner("info", f"{result.status}: {result.rollouts} rollouts stored{where}.")
             if result.rollouts:
