@@ -356,8 +356,9 @@ class Studio:
         st = self._view_state(rollout_id, channel=channel)
         picker = pn.widgets.RadioButtonGroup.from_param(st.param.channel, name="Colour tokens by", button_type="light",
                                                         css_classes=["channel-picker"])
+        # room below the strip for the hover card: a notebook's output area clips what overflows it
         return pn.Column(picker, TokenStrip(state=st), sizing_mode="stretch_width", stylesheets=[CSS],
-                         css_classes=["studio-token-view"])
+                         css_classes=["studio-token-view"], styles={"padding-bottom": "170px"})
 
     def group_view(self, group: str | None = None) -> "pn.viewable.Viewable":
         """All completions of one group (a group id, or a prompt id: its newest group) side by
