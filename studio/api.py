@@ -168,8 +168,7 @@ class Studio:
             TaskParseError, ConfigError, PolicyLoadError: bad prompts, settings or policy;
                 nothing is written.
         """
-        from .generation import GenerateConfig, generate, run_sync
-        from .rules import score_new_run
+        from .generation import GenerateConfig, generate
 
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         config = GenerateConfig(group_size=group_size, temperature=temperature, top_p=top_p,
@@ -178,16 +177,8 @@ class Studio:
         def report(done: int, total: int, msg: str) -> None:
             print(f"\r{msg}", end="" if done < total else "\n", flush=True)
 
-        async def go():
-            res = await generate(self.store, policy or self.policy, texts, config, task=task, name=name,
-                                 on_progress=report if progress else None)
-            if res.rollouts:
-                await score_new_run(self.store, res.run_id)
-            return res
-
-        res = run_sync(go)
-        self._refresh()
-        return res
+        return self._store_run(generate(self.store, policy or self.policy, texts, config, task=task, name=name,
+                                        on_progress=report if progress else None))
 
     def branch(self, rollout_id: str, pos: int, choices: Iterable[int | None] = (None,), *, n: int = 4,
                temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
@@ -200,13 +191,19 @@ class Studio:
             BranchError: a bad position, choice or policy; nothing is written.
         """
         from .forks import BranchConfig, branch
-        from .generation import run_sync
-        from .rules import score_new_run
 
         config = BranchConfig(n=n, temperature=temperature, top_p=top_p, seed=seed)
 
+        return self._store_run(branch(self.store, rollout_id, int(pos), list(choices), config, policy or self.policy))
+
+    def _store_run(self, making):
+        """Await the coroutine ``making`` (a Generate or Branch that stores a run), then score
+        the new run with the active rule version too, as the panels do; views reload."""
+        from .generation import run_sync
+        from .rules import score_new_run
+
         async def go():
-            res = await branch(self.store, rollout_id, int(pos), list(choices), config, policy or self.policy)
+            res = await making
             if res.rollouts:
                 await score_new_run(self.store, res.run_id)
             return res
