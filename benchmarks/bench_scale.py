@@ -12,9 +12,12 @@ format under two rule versions, ids made in order, written through ``Store.write
 chunks. Every figure runs the studio's own query functions, the ones the widgets call:
 
 ``rollout_tokens_ms_median`` (target < 20 ms)
-    Opening one rollout in the token strip (``widgets/token_strip.py``): its header row
-    ``queries.rollout`` (reward, advantage over its group, components) and its tokens
-    ``queries.tokens``. A different random rollout each repetition (``--reps``).
+    Opening one rollout in the token strip (``widgets/token_strip.py``): everything the strip
+    reads on a click, ``credit.rollout_view`` (the call the strip makes): the rollout's group
+    scored from point reads (``queries.scored_group``: the header's reward, advantage over the
+    group, components, and the per-token advantages), its tokens ``queries.tokens``, and its
+    steps from those tokens. Not included: the run's fork threshold, which the strip computes
+    once per run and keeps. A different random rollout each repetition (``--reps``).
 ``filtered_page_ms_median`` (target < 200 ms)
     The rollout table with a filter (``widgets/rollout_table.py``): ``queries.rollout_table``
     with a run, *incorrect*, a reward range and a prompt text (a different run and text each
@@ -34,12 +37,12 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
 Before timing, a run's first table page (cut before scoring) and a page further down
 (``offset``) are checked equal to the same rows of the run scored whole. Latency baselines
 are null: nothing else in the run does the same work. For people the
-script also prints p95s, the pieces (tokens alone, the header alone), the rest of what a
-token-strip click runs (``credit.token_advantages``, ``credit.steps_of``), other table pages
+script also prints p95s, the pieces (tokens alone, the header alone, and the SQL header the
+point reads replaced: ``scored_rollouts_sql`` over the rollout's group), other table pages
 (no filter, a run, a run and *incorrect*, a prompt text over every run) and the table's and
 group picker's refresh queries (``queries.runs``, ``reward_bounds``, ``groups``).
 
-Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --seed.
+Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --no-ingest, --seed.
 """
 from __future__ import annotations
 
@@ -128,13 +131,14 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
     few = max(3, min(n, 5))
     cr = Credit()
 
-    def strip(i):  # the token strip's header and tokens
-        queries.rollout(store, rids[i], None, cr)
-        queries.tokens(store, rids[i])
+    def strip(i):  # everything the token strip reads on a click (its fork threshold is kept per run)
+        credit.rollout_view(store, rids[i], cr, None, credit.Segmenter())
 
-    def strip_rest(i):  # the rest of a token-strip click (its fork threshold is cached per run)
-        credit.token_advantages(store, rids_s[i], cr, None)
-        credit.steps_of(store, rids_s[i])
+    def sql_header(i):  # the header as one SQL query over the rollout's group: what the point reads replaced
+        base, params = queries.scored_rollouts_sql(None, queries.GROUP_OF, [rids_s[i]], cr, components=True)
+        store.df(f"""SELECT s.*, p.text AS prompt, p.gold, p.task, r.name AS run, r.policy
+                     FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
+                     WHERE s.rollout_id = ?""", params + [rids_s[i]])
 
     def page(f: RolloutFilter):
         queries.rollout_table(store, f, None, cr)
@@ -151,10 +155,11 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
     queries.rollout(store, picks[-1]), page(RolloutFilter())  # first touch: DuckDB loads its metadata
     check_pages(store, runs[0])
     plan = [
-        ("rollout_tokens", strip, n, "queries.rollout + queries.tokens (token strip)"),
+        ("rollout_tokens", strip, n, "credit.rollout_view: a token-strip click (header, tokens, advantages, steps)"),
         ("tokens_only", lambda i: queries.tokens(store, rids_t[i]), n, "queries.tokens"),
-        ("rollout_only", lambda i: queries.rollout(store, rids_r[i], None, cr), n, "queries.rollout"),
-        ("strip_rest", strip_rest, n, "credit.token_advantages + credit.steps_of (rest of a strip click)"),
+        ("rollout_only", lambda i: queries.rollout(store, rids_r[i], None, cr), n,
+         "queries.rollout (the header: scored_group's point reads)"),
+        ("rollout_sql", sql_header, n, "the header as scored_rollouts_sql over the group (replaced)"),
         ("filtered_page", filtered, n, "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + rollout_count"),
         ("group", group, n, "queries.group + queries.tokens_of (group view)"),
         ("page_default", lambda i: page(RolloutFilter()), few, "rollout_table() no filter: the first view"),
@@ -272,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=30, help="repetitions of each per-click action")
     ap.add_argument("--ingest-rollouts", type=int, default=100_000, help="rollouts in the ingest shards")
     ap.add_argument("--ingest-reps", type=int, default=3)
+    ap.add_argument("--no-ingest", action="store_true", help="measure the latencies only (no ingest figure)")
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
 
@@ -288,12 +294,13 @@ def main(argv: list[str] | None = None) -> None:
         lat, notes = latencies(store, a.reps, a.seed)
         store.close()
 
-        print(f"ingest: {a.ingest_rollouts:,} rollouts as generic Parquet shards", flush=True)
-        try:
-            ing = ingest(tmp, a.ingest_rollouts, a.tokens_per_rollout, a.ingest_reps, a.seed)
-        except ImportError as exc:  # the importer is not there (older checkout): the latencies still stand
-            print(f"  skipped: {exc}", flush=True)
-            ing = None
+        ing = None
+        if not a.no_ingest:
+            print(f"ingest: {a.ingest_rollouts:,} rollouts as generic Parquet shards", flush=True)
+            try:
+                ing = ingest(tmp, a.ingest_rollouts, a.tokens_per_rollout, a.ingest_reps, a.seed)
+            except ImportError as exc:  # the importer is not there (older checkout): the latencies still stand
+                print(f"  skipped: {exc}", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -314,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         figures.append({"figure": "ingest_rows_per_s", "value": round(ours), "unit": "rows/s",
                         "baseline": "pyarrow_parquet_write_rows_per_s", "baseline_value": round(base),
                         "ratio": _ratio(ours, base)})
-    else:
+    elif not a.no_ingest:
         figures.append({"figure": "ingest_rows_per_s", "value": None, "unit": "rows/s",
                         "baseline": "pyarrow_parquet_write_rows_per_s", "baseline_value": None, "ratio": None})
     print()

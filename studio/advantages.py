@@ -91,7 +91,17 @@ def reinforce_pp(rewards: np.ndarray, groups: np.ndarray, batches: np.ndarray | 
     >>> reinforce_pp(np.array([1.0, 0.0, 1.0, 1.0]), np.array([0, 0, 1, 1])).round(4).tolist()
     [1.4142, -1.4142, 0.0, 0.0]
     """
-    a = dr_grpo(rewards, groups)
+    return whiten(dr_grpo(rewards, groups), batches, eps)
+
+
+def whiten(a: np.ndarray, batches: np.ndarray | None = None, eps: float = WHITEN_EPS) -> np.ndarray:
+    """REINFORCE++'s second stage on its own: A_i = (a_i - mean(a_b)) / (std(a_b) + eps) per batch b,
+    population std; a batch whose a are all equal gets 0 (the twin of :func:`reinforce_pp_sql`).
+
+    >>> whiten(np.array([0.5, -0.5, 0.0, 0.0]), np.array([0, 0, 1, 1])).round(4).tolist()
+    [1.0, -1.0, 0.0, 0.0]
+    """
+    a = np.asarray(a, dtype=np.float64)
     batches = np.zeros(len(a), dtype=int) if batches is None else np.asarray(batches)
     out = np.zeros_like(a)
     for b in np.unique(batches):

@@ -5,6 +5,7 @@
   GAE vary along the tokens).
 - :class:`Segmenter`: steps by delimiter, regex, newline or tag, as character spans;
   :func:`token_spans` maps them onto tokens.
+- :func:`rollout_view`: what a click on a rollout reads for the token strip, each thing once.
 - Step rewards from several sources (:func:`step_rewards`): a rule's ``step_reward`` or a
   process reward model (stored in ``step_rewards``), information gain (IGPO: the change in
   P(gold answer) step by step, teacher-forced with the policy, :func:`information_gain`),
@@ -45,46 +46,53 @@ class TokenCredit:
     note: str | None = None  # why values are missing
 
 
-def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None
-                     ) -> TokenCredit:
-    """The rollout's advantage per token under ``credit`` (see :mod:`studio.advantages`)."""
+def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
+                     scored: queries.ScoredGroup | None = None) -> TokenCredit:
+    """The rollout's advantage per token under ``credit`` (see :mod:`studio.advantages`).
+
+    ``scored``: the rollout's group as :func:`queries.scored_group` scored it under the same
+    ``credit`` and version (the token strip has it from the header); read afresh when not given
+    or not that.
+    """
     credit.validate()
     if credit.missing:
         return TokenCredit(None, None, credit.missing)
-    grp = queries.group(store, _group_of(store, rollout_id), rule_version_id, credit)
-    if grp.empty or rollout_id not in set(grp["rollout_id"]):
+    if (scored is None or scored.credit != credit or scored.rule_version_id != rule_version_id
+            or scored.row(rollout_id) is None):
+        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    row = scored.row(rollout_id)
+    if row is None:
         return TokenCredit(None, None, "rollout not in this store")
-    row = grp.set_index("rollout_id").loc[rollout_id]
     n = int(row["n_tokens"])
     seq = None if pd.isna(row["advantage"]) else float(row["advantage"])
-    if credit.estimator == "kl":
-        toks = store.df("""
-            SELECT t.rollout_id, t.pos, t.logprob, sc.logprob AS ref FROM tokens t
-            LEFT JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos AND sc.policy_version = ?
-            WHERE list_contains(?, t.rollout_id) ORDER BY t.rollout_id, t.pos""",
-                        [credit.reference, grp["rollout_id"].tolist()])
+    if credit.estimator == "kl":  # every completion of the group: the baseline is their mean return
+        members = {m["rollout_id"]: m for m in scored.members}
         parts, ids, gids = [], [], []
-        for rid, part in toks.groupby("rollout_id", sort=False):
-            r = grp.loc[grp["rollout_id"] == rid].iloc[0]
-            if part["ref"].isna().any() or pd.isna(r["reward"]):
+        for rid, toks in scored.tokens.items():  # in rollout id order, with the log-probs the header summed
+            m = members[rid]
+            ref = _floats([t["ref"] for t in toks])
+            if np.isnan(ref).any() or pd.isna(m["reward"]):
                 continue
-            parts.append(kl_token_rewards(part["logprob"].to_numpy(), part["ref"].to_numpy(), float(r["reward"]),
-                                          credit.beta))
+            parts.append(kl_token_rewards(_floats([t["logprob"] for t in toks]), ref, float(m["reward"]), credit.beta))
             ids.append(rid)
-            gids.append(r["group_id"])
+            gids.append(m["group_id"])
         if rollout_id not in ids:
             return TokenCredit(None, None, f"no reference log-probs from {credit.reference} for this rollout "
                                            "(score it in Compare policies)")
         adv = kl_in_reward(parts, np.array(gids))
         return TokenCredit(adv[ids.index(rollout_id)], seq)
     if credit.estimator == "gae":
-        v = store.df("SELECT pos, value FROM token_scores WHERE rollout_id = ? AND policy_version = ? ORDER BY pos",
-                     [rollout_id, credit.values])
-        if len(v) != n or v["value"].isna().any() or pd.isna(row["reward"]):
+        v = _floats([t["value"] for t in scored.tokens.get(rollout_id, [])])  # the critic's values, in position order
+        if len(v) != n or np.isnan(v).any() or pd.isna(row["reward"]):
             return TokenCredit(None, None, f"no values from {credit.values} for this rollout (score it with the critic)")
-        adv = gae(outcome_rewards(n, float(row["reward"])), v["value"].to_numpy(), credit.gamma, credit.lam)
+        adv = gae(outcome_rewards(n, float(row["reward"])), v, credit.gamma, credit.lam)
         return TokenCredit(adv, seq)
     return TokenCredit(None if seq is None else np.full(n, seq), seq)
+
+
+def _floats(xs: list) -> np.ndarray:
+    """Read values as float64 (NULL as NaN)."""
+    return np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
 
 
 def _group_of(store: Store, rollout_id: str) -> str:
@@ -197,19 +205,26 @@ def token_spans(token_texts: list[str], char_spans: list[tuple[int, int]]) -> li
     return out
 
 
-def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter()) -> pd.DataFrame:
+def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),
+             tokens: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rollout's steps: ``step_idx``, ``start_pos``, ``end_pos`` (token range), ``text``
     and ``char_end`` (where the step ends in the completion). Special tokens (``<eos>``)
-    count as no text."""
-    toks = store.df("SELECT token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
-    # a token with no text (imported ids alone, before enriching) counts as no text
-    texts = ["" if t is None or t != t or _special(t) else t for t in toks["token_text"]]
+    count as no text. ``tokens``: the rollout's tokens in order (``token_text``, ``step_idx``),
+    when the caller has read them (:func:`queries.tokens`)."""
+    if tokens is None:
+        tokens = store.df("SELECT token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+    # a token with no text (imported ids alone, before enriching) counts as no text; read as plain
+    # objects (iterating an Arrow-backed string column costs ~1 ms per hundred tokens)
+    raw = tokens["token_text"].to_numpy(dtype=object, na_value=None)
+    texts = ["" if t is None or t != t or _special(t) else t for t in raw]
     text = "".join(texts)
     if seg.kind == "task":
         starts = np.cumsum([0] + [len(t) for t in texts])
         rows = []
-        for k, part in toks.reset_index().dropna(subset=["step_idx"]).groupby("step_idx"):
-            a, b = int(part["index"].min()), int(part["index"].max())
+        step = tokens["step_idx"].to_numpy(dtype=np.float64, na_value=np.nan)  # [T], NaN: no step
+        for k in np.unique(step[~np.isnan(step)]):  # each step: its first and last token
+            where = np.flatnonzero(step == k)
+            a, b = int(where[0]), int(where[-1])
             body = "".join(texts[a:b + 1])
             trimmed = body.rstrip(";")  # the separator closes its step but is not part of its text
             rows.append((int(k), a, b, trimmed, int(starts[a]) + len(trimmed)))
@@ -223,6 +238,33 @@ def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter()) -> pd.
 
 def _special(text: str | None) -> bool:
     return text is not None and text.startswith("<") and text.endswith(">") and len(text) > 2
+
+
+# ---------------------------------------------------------------------------- one click
+
+@dataclass
+class RolloutView:
+    """What the token strip shows of one rollout, each thing read once."""
+
+    rollout: dict  # the header row (queries.rollout): prompt, reward, advantage, components, run, policy
+    tokens: pd.DataFrame  # queries.tokens
+    credit: TokenCredit  # per-token advantages under the view's estimator
+    steps: pd.DataFrame  # steps_of under the view's segmentation
+
+
+def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
+                 seg: Segmenter = Segmenter()) -> RolloutView | None:
+    """Everything a click on a rollout reads for the token strip (None when the rollout is not in
+    the store): its group scored once (:func:`queries.scored_group`) gives the header and the
+    per-token advantages, and its tokens read once give the strip and the steps. Settings that
+    are wrong raise ``ValueError`` (an estimator's, a segmentation's)."""
+    scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    ro = scored.row(rollout_id)
+    if ro is None:
+        return None
+    toks = queries.tokens(store, rollout_id)
+    tc = token_advantages(store, rollout_id, credit, rule_version_id, scored)
+    return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks))
 
 
 # ---------------------------------------------------------------------------- step rewards

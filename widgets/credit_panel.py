@@ -153,7 +153,18 @@ class CreditView(LazyView):
         return Credit(key, float(st.kl_beta), st.reference or None, float(st.gae_gamma), float(st.gae_lam),
                       st.value_source or None)
 
-    @param.depends("estimator_a", "estimator_b", "run", "state.rollout_id", "state.kl_beta", "state.reference",
+    @param.depends("state.rollout_id", watch=True)
+    def _render_rollout(self) -> None:
+        """Another rollout opened: only its per-token B − A changes (the run's comparison stays)."""
+        if self._defer():
+            return
+        try:
+            self._token_diff.object = self._token_diff_html(self._credit(self.estimator_a),
+                                                            self._credit(self.estimator_b))
+        except (StoreError, ValueError) as exc:  # a read past its time limit, a setting out of range: say so
+            self._token_diff.object = banner("error", str(exc))
+
+    @param.depends("estimator_a", "estimator_b", "run", "state.kl_beta", "state.reference",
                    "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
     def _render(self) -> None:
         if self._defer():

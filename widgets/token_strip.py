@@ -42,6 +42,11 @@ def text_of(row) -> str:
     return t if isinstance(t, str) else f"#{'' if row.token_id is None or row.token_id != row.token_id else int(row.token_id)}"
 
 
+def listed(cell) -> list:
+    """A list cell as a list: [] for NULL (imported tokens come without top-k alternatives)."""
+    return [] if cell is None or cell is pd.NA or (isinstance(cell, float) and cell != cell) else list(cell)
+
+
 def num(x: float, spec: str = ".3f") -> str:
     """Format without a "-0.000": round first, then drop the sign of zero."""
     return format(round(float(x), 3) + 0.0, spec)
@@ -150,8 +155,7 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
           is_fork: bool = False) -> str:
     p = math.exp(row.logprob) if row.logprob is not None else float("nan")
     rows = []
-    ids = list(row.topk_ids) if row.topk_ids is not None else []
-    lps = list(row.topk_logprobs) if row.topk_logprobs is not None else []
+    ids, lps = listed(row.topk_ids), listed(row.topk_logprobs)
     for j, (tid, lp) in enumerate(zip(ids, lps)):
         q = math.exp(lp)
         alt = alts[j] if alts else f"#{tid}"
@@ -242,15 +246,15 @@ class TokenStrip(pn.viewable.Viewer):
             self._strip.object = ""
             return
         cr = st.credit()
-        ro = queries.rollout(st.store, st.rollout_id, st.rule_version or None, cr)
-        if ro is None:
+        # the header, tokens, per-token advantages and steps: the group scored once, the tokens read once
+        view = credit.rollout_view(st.store, st.rollout_id, cr, st.rule_version or None, st.segmentation())
+        if view is None:
             self._legend.object = SCALES[st.channel].legend_html()
             self._header.object = f'<div class="empty">Rollout {esc(st.rollout_id)} is not in this store.</div>'
             self._strip.object = ""
             return
+        ro, toks, tc, steps = view.rollout, view.tokens, view.credit, view.steps
         thr = self.threshold(ro)
-        tc = credit.token_advantages(st.store, st.rollout_id, cr, st.rule_version or None)
-        steps = credit.steps_of(st.store, st.rollout_id, st.segmentation())
         sv, sa, step_line = {}, {}, ""
         if st.step_source:
             sr = credit.step_rewards(st.store, st.rollout_id, st.step_source, st.segmentation(),
@@ -279,10 +283,9 @@ class TokenStrip(pn.viewable.Viewer):
                               help="second bar: (r − group mean) / group std over all step rewards of the group, "
                                    "summed over this and later steps (process supervision)").legend_html(compact=True)
         self._legend.object = legend + fork_key_html(thr) + est_note
-        toks = queries.tokens(st.store, st.rollout_id)
-        flat = sorted({int(i) for ids in toks["topk_ids"] for i in ids})
+        flat = sorted({int(i) for ids in toks["topk_ids"] for i in listed(ids)})
         names = dict(zip(flat, decode_ids(ro.get("policy"), flat)))
-        alts = [[names.get(int(i), f"#{i}") for i in ids] for ids in toks["topk_ids"]]
+        alts = [[names.get(int(i), f"#{i}") for i in listed(ids)] for ids in toks["topk_ids"]]
         comps = " ".join(f"<span>{esc(k)} <b>{v:.2f}</b></span>" for k, v in ro["components"].items() if k != "total")
         verdict = '<b class="ok">✓ correct</b>' if ro.get("accuracy") and ro["accuracy"] >= 1 else '<b class="bad">✗ incorrect</b>'
         n_forks = int(forks.fork_mask(toks["entropy"].fillna(-1).to_numpy(), thr.value).sum()) if thr.value is not None else 0
