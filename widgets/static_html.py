@@ -9,6 +9,7 @@ escaped by the widgets: a completion that contains ``<script>`` shows it as text
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,6 +102,9 @@ def fork_tree_html(studio: "Studio", rollout_id: str, channel: str = "entropy", 
     studio.rollout(rollout_id)
     tdf = forks.tree(studio.store, rollout_id)
     tree = tree_html(studio.store, rollout_id, tdf, forks.forks(studio.store, tdf), queries.reward_bounds(studio.store))
+    # what only the served panel can do: fill the table, open a completion and branch it again
+    tree = re.sub(r' · <span class="link" data-click="branches"[^>]*>show all in table</span>', "", tree)
+    tree = tree.replace(" (click one to open it; branch it again there)", "")
     head, legend, strip = _strip_parts(studio, rollout_id, channel)
     return _page(title or f"Fork tree of {rollout_id}", f"coloured by {channel}",
                  [(f"Token strip <code>{esc(rollout_id)}</code>", head + legend + strip), ("Rollout tree", tree)],

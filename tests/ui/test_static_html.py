@@ -91,3 +91,9 @@ def test_hostile_completion_is_shown_as_text(browser, s, tmp_path):
         assert requests == [page.as_uri()]  # the <img src=x> was never requested
     finally:
         ctx.close()
+
+
+def test_fork_tree_page_offers_nothing_only_the_server_can_do(s, tmp_path):
+    rid = s.rollouts(limit=1).rollout_id.iloc[0]
+    html = s.save_html(tmp_path / "t.html", fork_tree=rid).read_text()
+    assert "show all in table" not in html and "branch it again" not in html and "click any token" not in html
