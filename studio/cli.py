@@ -124,8 +124,9 @@ def _sample_policy() -> str:
 
 # ---------------------------------------------------------------------------------- score
 
-def _score(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog=f"{PROG} score", description="Re-score stored rollouts and store the result as a "
+def _score(argv: list[str], prog: str = f"{PROG} score") -> int:
+    """``rollout-studio score`` (also ``python -m studio.rules``)."""
+    ap = argparse.ArgumentParser(prog=prog, description="Re-score stored rollouts and store the result as a "
                                  "new rule version: a reward rule runs in the sandbox, a reward model in the worker.")
     _db_argument(ap)
     what = ap.add_mutually_exclusive_group(required=True)

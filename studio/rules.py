@@ -351,42 +351,13 @@ def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = Non
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m studio.rules") -> int:
-    """``python -m studio.rules --db PATH --rule FILE.py|package.module --name NAME``."""
-    import argparse
+    """``python -m studio.rules --db PATH --rule FILE.py|package.module [--name N] [--note T] [--run ID]``:
+    ``rollout-studio score`` under its old name (the same options and exit codes)."""
+    import sys
 
-    from .store import StoreError, default_db_path
+    from .cli import _score
 
-    ap = argparse.ArgumentParser(prog=prog, description="Apply a reward rule to stored rollouts "
-                                 "(in the sandbox) and store it as a new version.")
-    ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
-    ap.add_argument("--rule", required=True, help="a .py file or a dotted module path defining reward()")
-    ap.add_argument("--name", default=None, help="the rule's name (default: the file or module name)")
-    ap.add_argument("--note", default="", help="why this version (stored with it)")
-    ap.add_argument("--run", default=None, help="only rollouts of this run id")
-    args = ap.parse_args(argv)
-    try:
-        source = load_source(args.rule)
-        store = Store.open_existing(args.db)
-    except (OSError, ValueError, StoreError) as exc:
-        print(f"error: {exc}")
-        return 2
-    default_name = Path(args.rule).stem if args.rule.endswith(".py") else args.rule.rsplit(".", 1)[-1]
-    name = args.name or default_name
-    try:
-        res = apply_rule_sync(store, source, name, args.note,
-                              scope=queries.RolloutFilter(run_id=args.run) if args.run else None,
-                              on_progress=lambda d, t: print(f"\r{d}/{t} rollouts", end="", flush=True))
-    except RuleSourceError as exc:
-        print(f"error: {exc}")
-        return 2
-    finally:
-        store.close()
-    print()
-    print(f"{res.rule_version_id}: {res.status}, {res.scored} scored, {res.failed} failed"
-          + (f" ({res.message})" if res.message else ""))
-    for rid, msg in res.errors:
-        print(f"  {rid}: {msg}")
-    return 0 if res.status in ("done", "unchanged") else 1
+    return _score(sys.argv[1:] if argv is None else argv, prog)
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def test_command_line_applies_a_rule_file(tmp_path):
     bad.write_text("def reward(:\n")
     out = subprocess.run([sys.executable, "-m", "studio.rules", "--db", str(db), "--rule", str(bad)],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "error: line 1" in out.stdout
+    assert out.returncode == 2 and "error: line 1" in out.stderr
     store = Store.open(db)
     assert set(rules.versions(store)["note"]) >= {"cli"}
     store.close()
