@@ -207,11 +207,12 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:  # a served page
         pn.state.add_periodic_callback(tail_refresh, period=2000)
     card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
+    save_html = html_downloads(state)
     template.main.extend([
         pn.Row(
             pn.Card(table, title="Rollouts", **card, styles={"flex": "1 1 55%"}),
             pn.Column(
-                pn.Card(strip, title="Token strip", **card, min_height=260),
+                pn.Card(strip, save_html, title="Token strip", **card, min_height=260),
                 pn.Card(fork, title="Fork & branch", **card),
                 styles={"flex": "1 1 45%"}, sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
@@ -222,3 +223,37 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         '<span style="color:#cbd5e1;font-size:13px">per-token logprobs, entropy and advantages of every '
         "stored rollout</span>", margin=(14, 10)))
     return template
+
+
+def html_downloads(state) -> pn.Row:
+    """*Save as HTML*: the shown rollout, its group or its fork tree as one self-contained page
+    (``widgets.static_html``, the same rendering as ``Studio.save_html``), built on click."""
+    import io
+
+    from widgets.static_html import fork_tree_html, group_html, rollout_html
+
+    from .api import Studio
+
+    def make(render, kind: str) -> pn.widgets.FileDownload:
+        def callback():
+            studio = Studio(state.store, state.policy_path)
+            key = state.group_id if kind == "group" else state.rollout_id
+            return io.BytesIO(render(studio, key, state.channel).encode("utf-8"))
+        return pn.widgets.FileDownload(callback=callback, filename=f"{kind}.html", label=kind.replace("-", " "),
+                                       button_type="light", embed=False, height=30, width=88, disabled=True,
+                                       css_classes=[f"save-{kind}"])
+
+    buttons = {"rollout": make(rollout_html, "rollout"), "group": make(group_html, "group"),
+               "fork-tree": make(fork_tree_html, "fork-tree")}
+
+    def sync(*_):
+        for kind, button in buttons.items():
+            button.disabled = not state.rollout_id
+            button.filename = f"{kind}-{(state.group_id if kind == 'group' else state.rollout_id)[-8:]}.html"
+
+    state.param.watch(sync, ["rollout_id", "group_id"])
+    sync()
+    label = pn.pane.HTML('<span style="font-size:12px;color:#6b7280" title="one self-contained page that opens in any '
+                         'browser without a server, hover cards included">Save as HTML</span>', margin=(12, 2, 0, 10))
+    return pn.Row(label, *buttons.values(), css_classes=["save-html"], margin=(0, 0, 4, 0))
+

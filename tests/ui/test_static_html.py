@@ -97,3 +97,23 @@ def test_fork_tree_page_offers_nothing_only_the_server_can_do(s, tmp_path):
     rid = s.rollouts(limit=1).rollout_id.iloc[0]
     html = s.save_html(tmp_path / "t.html", fork_tree=rid).read_text()
     assert "show all in table" not in html and "branch it again" not in html and "click any token" not in html
+
+
+def test_save_as_html_from_the_served_studio(browser, server, tmp_path):
+    """The token strip card's *Save as HTML* downloads the shown rollout, its group or its tree."""
+    from .conftest import studio_page
+
+    with studio_page(browser, server) as pg:
+        assert pg.locator(".save-rollout button").is_disabled()  # nothing shown yet
+        pg.locator(".tabulator-row").nth(1).click()
+        pg.wait_for_selector(".strip .tok", timeout=30_000)
+        shown = len(pg.locator(".token-strip .strip .tok").all())
+        got = {}
+        for kind in ("rollout", "group", "fork-tree"):
+            with pg.expect_download(timeout=60_000) as d:
+                pg.locator(f".save-{kind} button").click()
+            got[kind] = open(d.value.path(), encoding="utf-8").read()
+            assert d.value.suggested_filename.startswith(kind) and d.value.suggested_filename.endswith(".html")
+        assert got["rollout"].count('class="card"') == shown
+        assert got["group"].count('<section class="box">') == 1 + 8
+        assert "Rollout tree" in got["fork-tree"]
