@@ -390,6 +390,20 @@ class Studio:
         return pn.Column(self.table(), pn.Row(self.token_view(), self.fork_view(), sizing_mode="stretch_width"),
                          self.group_view(), sizing_mode="stretch_width")
 
+    def view(self, name: str) -> "pn.viewable.Viewable":
+        """One of the studio's tabs as a component on the shared state, by its tab name:
+        ``"entropy landscape"``, ``"compare policies"``, ``"reward rules"``, ``"reward hacking"``,
+        ``"advantages & steps"``, ``"mini-runs"``, ``"preference data"``, ``"timeline & diff"``,
+        ``"import & enrich"``, ``"sql"`` (see :data:`VIEWS`)."""
+        import importlib
+
+        key = name.strip().lower()
+        if key not in VIEWS:
+            raise StudioAPIError(f"no view {name!r}; one of {', '.join(VIEWS)}")
+        module, cls, kwargs = VIEWS[key]
+        st = self.state
+        return getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **kwargs)
+
     def app(self) -> "pn.viewable.Viewable":
         """The whole studio page, on this store and policy."""
         setup_notebook()
@@ -411,6 +425,21 @@ class Studio:
         _check_channel(channel)
         return save_html(self, Path(path), rollout=rollout, group=self._group_id(group) if group else None,
                          fork_tree=fork_tree, channel=channel, title=title)
+
+
+# tab name -> (widgets module, class, arguments): every tab of the served page as a component
+VIEWS: dict[str, tuple[str, str, dict]] = {
+    "entropy landscape": ("entropy_view", "EntropyLandscape", {"shown": True}),
+    "compare policies": ("entropy_view", "PolicyCompare", {"shown": True}),
+    "reward rules": ("rule_panel", "RulePanel", {"shown": True}),
+    "reward hacking": ("hacking_view", "HackingView", {"shown": True}),
+    "advantages & steps": ("credit_panel", "CreditView", {"shown": True}),
+    "mini-runs": ("minirun_panel", "MiniRunPanel", {"shown": True}),
+    "preference data": ("curation_panel", "CurationPanel", {"shown": True}),
+    "timeline & diff": ("timeline_panel", "TimelinePanel", {"shown": True}),
+    "import & enrich": ("import_panel", "ImportPanel", {}),
+    "sql": ("sql_console", "SQLConsole", {}),
+}
 
 
 def _check_channel(channel: str) -> None:

@@ -195,3 +195,18 @@ def test_rollouts_dataframe_types(s):
     df = s.rollouts(limit=5)
     assert isinstance(df, pd.DataFrame)
     assert {"rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "run"} <= set(df.columns)
+
+
+def test_every_tab_is_a_component(s):
+    import panel as pn
+
+    from studio.api import VIEWS
+
+    rid = s.rollouts(limit=1).rollout_id.iloc[0]
+    s.state.open_rollout(rid)
+    for name in VIEWS:
+        view = s.view(name)
+        assert pn.panel(view).select(lambda o: True), name  # builds and lays out on the shared state
+    assert "rollouts" in view_text(s.view("SQL"))  # the console lists the store's tables
+    with pytest.raises(StudioAPIError, match="no view 'tabs'"):
+        s.view("tabs")
