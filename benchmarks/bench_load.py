@@ -1,17 +1,28 @@
-"""Concurrent sessions: request-to-rendered-update latency at N = 1, 5, 20 browser sessions.
+"""Concurrent sessions: request-to-update latency at N = 1, 5, 20 sessions while a Generate writes.
 
-Run: ``python benchmarks/bench_load.py`` (about 2-3 minutes on a 2-core CPU).
+Run: ``python benchmarks/bench_load.py`` (about 3 minutes on a 2-core CPU).
 
-Starts ``launch.py`` on a fresh store on a free loopback port, then drives N real
-Chromium pages (one browser, async Playwright) against it at once. Each session opens a
-different rollout about once a second: it clicks a table row and the clock stops when the
-token strip shows that rollout's text (HTTP + websocket round trip, server query and
-render, browser paint). Everything stays on 127.0.0.1 and every loop is bounded by
-``--seconds``. Errors are page errors, updates that never arrive (10 s), and server
-tracebacks. Figures: ``load_p95_ms_n20`` against the N = 1 p95 (target: within 3x), and
-``load_errors`` (target: 0).
+Starts ``launch.py`` on a fresh store on a free loopback port. At each level, N sessions
+open the page one after another (0.5 s apart, as people arrive) and, once all are open,
+each opens a different rollout about once a second (a person's pace) for ``--seconds``:
+it clicks a row of the rollout table and the clock stops when the token strip of *that*
+rollout arrives (its ``data-rollout``). Meanwhile one more session, the writer, presses
+Generate again and again (4 new prompts x 8 completions each time: the worker samples, the
+server stores and scores). Everything stays on 127.0.0.1, every wait is bounded.
 
-Options: --seconds (per level, default 20), --levels (default 1,5,20).
+Sessions are browser-like (``benchmarks/bokeh_session.py``): the HTTP page request, then
+the Bokeh websocket carrying the same events Chromium sends for a row click (captured from
+a real page) and the server's patches back. No browser renders: twenty Chromium renderers
+on the benchmark's two cores would measure the cores, not the server, where in use every
+person's browser runs on their own machine.
+
+Errors: a page that does not open (120 s), an update that does not arrive within 10 s, a
+strip showing another rollout than the one clicked, an ERROR reply, a server traceback,
+and rows lost: the store's rollout count after the run must equal the seeded count plus
+every "done: N rollouts stored" the writer saw. Figures: ``load_p95_ms_n20`` against the
+N = 1 p95 (target: within 3x) and ``load_errors`` (target: 0).
+
+Options: --seconds (per level, default 30), --levels (default 1,5,20), --no-writer.
 """
 from __future__ import annotations
 
@@ -19,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -31,9 +43,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
-from tests.ui.harness import CHROMIUM, FLAGS, free_port, server_tracebacks  # noqa: E402
+from benchmarks.bokeh_session import BokehSession  # noqa: E402
+from tests.ui.harness import free_port, server_tracebacks  # noqa: E402
 
-STRIP_JS = "els => els.map(e => e.firstChild.textContent).filter(t => t !== '<eos>').join('')"
+UPDATE_TIMEOUT_S = 10.0
+OPEN_TIMEOUT_S = 120.0
 
 
 def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
@@ -44,7 +58,7 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.time() + 90
     while time.time() < deadline:
         try:
-            urllib.request.urlopen(url, timeout=30)  # a first page takes seconds on 2 busy cores
+            urllib.request.urlopen(url, timeout=30)
             return proc, url
         except OSError:
             time.sleep(0.3)
@@ -52,78 +66,123 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"server did not start:\n{log.read_text()[-2000:]}")
 
 
-def server_errors(log: Path, since: int) -> int:
-    return len(server_tracebacks(log.read_text()[since:]))
+def stored_rollouts(db: Path) -> int:
+    """Rollouts in ``db`` (created and seeded with the sample rollouts when new, as the server does)."""
+    from sample_data import ROLLOUTS_DIR
+    from studio.store import Store
+
+    store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+    try:
+        return store.counts()["rollouts"]
+    finally:
+        store.close()
 
 
 class Ready:
-    """Starts the clocks once every session has loaded its page (or failed to)."""
+    """Starts the clocks once every session has opened its page (or failed to)."""
 
     def __init__(self, n: int):
         self.n, self.settled, self.event = n, 0, asyncio.Event()
 
     def settle(self) -> None:
         self.settled += 1
-        if self.settled == self.n:
+        if self.settled >= self.n:
             self.event.set()
 
 
-async def session(browser, url: str, index: int, seconds: float, latencies: list, errors: list,
-                  ready: Ready) -> None:
-    ctx = await browser.new_context(viewport={"width": 1600, "height": 1000})
-    page = await ctx.new_page()
-    page.on("pageerror", lambda e: errors.append(f"session {index}: {e}"))
+def shown_rollout(s: BokehSession, strip: str) -> str | None:
+    m = re.search(r'data-rollout="([^"]+)"', s.attr(strip, "object") or "")
+    return m.group(1) if m else None
+
+
+async def reader(url: str, index: int, seconds: float, latencies: list, errors: list, ready: Ready,
+                 opens: list) -> None:
+    s = BokehSession(url)
     try:
         await asyncio.sleep(0.5 * index)  # people arrive one after another, not all at once
         try:
-            await page.goto(url, timeout=120_000)
-            await page.wait_for_selector(".tabulator-row", timeout=120_000)
-            texts = await page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
-        except Exception as exc:  # a page that never loads is an error, not a crash of the benchmark
-            errors.append(f"session {index}: page did not load: {type(exc).__name__}")
+            started = time.perf_counter()
+            await s.open(OPEN_TIMEOUT_S)
+            opens.append(time.perf_counter() - started)
+            table = s.find(css_class="rollout-table", name_endswith="DataTabulator")[0]
+            strip = s.ref(s.find(css_class="token-strip")[0], "data")
+        except Exception as exc:  # a page that never opens is an error, not a crash of the benchmark
+            errors.append(f"session {index}: page did not open: {type(exc).__name__}: {exc}"[:300])
             return
         finally:
             ready.settle()
         await ready.event.wait()  # measure steady browsing, not N page loads at once
-        shown, k = None, index
-        end = time.perf_counter() + seconds
+        k, end = index, time.perf_counter() + seconds
         while time.perf_counter() < end:
-            # the next row (round-robin from this session's offset) whose text differs from what is shown
-            k = next(j for j in range(k + 1, k + 1 + len(texts)) if texts[j % len(texts)] != shown) % len(texts)
+            ids = s.attr(s.ref(table, "source"), "data")["rollout_id"]  # the page of rows shown now
+            k = (k + 1) % len(ids)
+            if ids[k] == shown_rollout(s, strip):
+                k = (k + 1) % len(ids)
+            want = ids[k]
             started = time.perf_counter()
+            await s.event("selection-change", table, indices=[k], selected=True, flush=True)
             try:
-                await page.locator(".tabulator-row").nth(k).click(timeout=10_000)
-            except Exception as exc:  # a click the page could not take in 10 s is an error
-                errors.append(f"session {index}: click on row {k} failed: {type(exc).__name__}")
-                continue
-            while True:
-                strip = await page.locator(".token-strip .tok").evaluate_all(STRIP_JS)
-                if strip == texts[k]:
-                    latencies.append((time.perf_counter() - started) * 1000)
-                    shown = strip
-                    break
-                if time.perf_counter() - started > 10:
-                    errors.append(f"session {index}: row {k} not shown within 10 s")
-                    break
-                await asyncio.sleep(0.02)
+                arrived = await s.wait_for(lambda: shown_rollout(s, strip) == want, UPDATE_TIMEOUT_S)
+                latencies.append((arrived - started) * 1000)
+            except asyncio.TimeoutError:
+                errors.append(f"session {index}: row {k} ({want}) not shown within {UPDATE_TIMEOUT_S:.0f} s"
+                              f" (showing {shown_rollout(s, strip)})")
             await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - started)))  # about once a second
+        errors.extend(f"session {index}: {e}" for e in s.errors)
     finally:
-        await ctx.close()
+        await s.close()
 
 
-async def level(url: str, n: int, seconds: float) -> tuple[list[float], list[str]]:
-    from playwright.async_api import async_playwright
+async def writer(url: str, ready: Ready, stop: asyncio.Event, stored: list, errors: list) -> None:
+    """Presses Generate (4 new prompts x 8) again and again until ``stop``."""
+    s = BokehSession(url)
+    try:
+        await s.open(OPEN_TIMEOUT_S)
+        for css, value in (("fresh-prompts", 4), ("group-size", 8)):
+            [field] = s.find(css_class=css, where=lambda m: "value" in m["attributes"])
+            await s.change(field, "value", value)
+        [button] = s.find(css_class="generate-button", name_endswith="Button")
+        [status] = s.find(css_class="generate-status")
+    except Exception as exc:
+        errors.append(f"writer: page did not open: {type(exc).__name__}: {exc}"[:300])
+        return
+    finally:
+        ready.settle()
+    await ready.event.wait()
+    text = lambda: s.attr(status, "text") or ""  # noqa: E731
+    try:
+        while not stop.is_set():
+            before = text()
+            await s.event("button_click", button)
+            try:  # the status moves on from the last outcome (which may read the same), then settles
+                await s.wait_for(lambda: text() != before, 30)
+                await s.wait_for(lambda: re.search(r"done:|failed|error", text()), 120)
+            except asyncio.TimeoutError:
+                errors.append("writer: a Generate did not finish within 120 s")
+                return
+            done = re.search(r"done: (\d+) rollouts stored", text())
+            if done is None:
+                errors.append(f"writer: Generate did not succeed: {re.sub('<[^>]+>', '', text())[:200]}")
+                return
+            stored.append(int(done.group(1)))
+        errors.extend(f"writer: {e}" for e in s.errors)
+    finally:
+        await s.close()
 
+
+async def level(url: str, n: int, seconds: float, with_writer: bool) -> tuple[list[float], list[str], int, list]:
     latencies: list[float] = []
+    opens: list[float] = []
     errors: list[str] = []
-    async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            ready = Ready(n)
-            await asyncio.gather(*(session(browser, url, i, seconds, latencies, errors, ready) for i in range(n)))
-        finally:
-            await browser.close()
-    return latencies, errors
+    stored: list[int] = []
+    ready, stop = Ready(n + with_writer), asyncio.Event()
+    readers = [asyncio.create_task(reader(url, i, seconds, latencies, errors, ready, opens)) for i in range(n)]
+    write = asyncio.create_task(writer(url, ready, stop, stored, errors)) if with_writer else None
+    await asyncio.gather(*readers)
+    stop.set()
+    if write is not None:
+        await write  # the Generate under way finishes: its rows count
+    return latencies, errors, sum(stored), opens
 
 
 def p95(xs: list[float]) -> float:
@@ -132,32 +191,42 @@ def p95(xs: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0, help="how long each level runs")
+    ap.add_argument("--seconds", type=float, default=30.0, help="how long each level browses")
     ap.add_argument("--levels", default="1,5,20", help="numbers of concurrent sessions")
+    ap.add_argument("--no-writer", action="store_true", help="no Generate writing during the levels")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        proc, url = start_server(Path(tmp) / "load.duckdb", log)
-        results = {}
+        db, log = Path(tmp) / "load.duckdb", Path(tmp) / "server.log"
+        seeded = stored_rollouts(db)
+        proc, url = start_server(db, log)
+        results, written = {}, 0
         try:
             for n in levels:
                 since = len(log.read_text())
-                lat, errs = asyncio.run(level(url, n, args.seconds))
-                errs += [f"server traceback {i}" for i in range(server_errors(log, since))]
+                lat, errs, added, opens = asyncio.run(level(url, n, args.seconds, not args.no_writer))
+                written += added
+                errs += [f"server traceback:\n{tb}" for tb in server_tracebacks(log.read_text()[since:])]
                 results[n] = (lat, errs)
                 print(f"N={n:>3}: {len(lat):4d} updates  p50 {statistics.median(lat) if lat else float('nan'):7.1f} ms"
-                      f"  p95 {p95(lat):7.1f} ms  errors {len(errs)}", flush=True)
+                      f"  p95 {p95(lat):7.1f} ms  max {max(lat) if lat else float('nan'):7.1f} ms"
+                      f"  errors {len(errs)}  rollouts written {added}  page open median"
+                      f" {statistics.median(opens) if opens else float('nan'):.1f} s", flush=True)
                 for e in errs[:5]:
                     print("   ", e)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(10)
+            proc.wait(30)
+        # no lost rows: everything the writer was told is stored is in the store
+        have = stored_rollouts(db)
+        lost = seeded + written - have
+        print(f"\nrows: {seeded:,} seeded + {written:,} written = {seeded + written:,}; the store has {have:,}"
+              f" ({'none lost' if lost == 0 else f'{lost:+,} missing'})")
 
     base, top = p95(results[levels[0]][0]), p95(results[levels[-1]][0])
-    n_errors = sum(len(e) for _, e in results.values())
-    print(f"\ntarget: p95 at N={levels[-1]} within 3x of N={levels[0]}: {top / base:.2f}x "
+    n_errors = sum(len(e) for _, e in results.values()) + (lost != 0)
+    print(f"target: p95 at N={levels[-1]} within 3x of N={levels[0]}: {top / base:.2f}x "
           f"{'met' if top <= 3 * base else 'NOT met'}; errors {n_errors} {'met' if n_errors == 0 else 'NOT met'}\n")
     print(json.dumps({"figure": f"load_p95_ms_n{levels[-1]}", "value": round(top, 1), "unit": "ms",
                       "baseline": f"load_p95_ms_n{levels[0]}", "baseline_value": round(base, 1),

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import panel as pn
@@ -22,6 +25,17 @@ def open_shared_store(db_path: str | Path) -> Store:
     """The process-wide store for ``db_path`` (created and seeded on first use)."""
     key = f"rollout-studio-store:{Path(db_path).expanduser().resolve()}"
     return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=ROLLOUTS_DIR))
+
+
+class StudioTemplate(pn.template.BootstrapTemplate):
+    """Panel's Bootstrap template, put on a page with Bokeh's model graph frozen: the graph is
+    walked once for the whole page instead of once per root added (a third of a page's build)."""
+
+    def _init_doc(self, doc=None, comm=None, title=None, notebook=False, location=True):
+        if doc is None:
+            return super()._init_doc(doc, comm, title, notebook, location)
+        with doc.models.freeze():
+            return super()._init_doc(doc, comm, title, notebook, location)
 
 
 def describe_policy(path: str | Path) -> str:
@@ -59,7 +73,7 @@ def may_run_code(admins: frozenset[str] | None) -> bool:
 
 
 def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,
-               store: Store | None = None, admins: frozenset[str] | None = None) -> pn.template.BootstrapTemplate:
+               store: Store | None = None, admins: frozenset[str] | None = None) -> StudioTemplate:
     """Build the studio page for one session.
 
     With ``admins`` set, users outside it browse only: the Generate panel is not built for
@@ -87,7 +101,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     policy_path = policy_path or POLICY_DIR  # a folder, or a backend URL (a str: Path would mangle "//")
     # Bootstrap rather than Fast: Fast's design fetches a web font, and the studio must
     # render with no network.
-    template = pn.template.BootstrapTemplate(
+    template = StudioTemplate(
         title=TITLE, header_background="#1f2937", sidebar_width=340,
     )
     try:
@@ -99,19 +113,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     state = StudioState(store=store, policy_path=str(policy_path))
     table = RolloutTable(state=state)
     strip = TokenStrip(state=state)
-    group = GroupView(state=state)
     runs_code = may_run_code(admins)
     fork = ForkPanel(state=state, can_run=runs_code)
-    landscape = EntropyLandscape(state=state, shown=False)
-    compare = PolicyCompare(state=state, can_run=runs_code, shown=False)
-    rule_panel = RulePanel(state=state, can_run=runs_code, shown=False)
-    hacking = HackingView(state=state, shown=False)
-    credit_view = CreditView(state=state, can_run=runs_code, shown=False)
-    minirun_panel = MiniRunPanel(state=state, can_run=runs_code, shown=False)
-    curation = CurationPanel(state=state, shown=False)
-    timeline = TimelinePanel(state=state, shown=False)
-    importer = ImportPanel(state=state, can_run=runs_code)
-    sql = SQLConsole(state=state)
     if runs_code:
         run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
                            css_classes=["generate-card"], header_background="#eef2ff")
@@ -171,41 +174,58 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         pn.layout.Divider(),
         run_code,
     ])
-    # not dynamic: a tab whose widgets are first built when it is opened gets stylesheet
-    # URLs pointed at Panel's CDN (Panel 1.9), and the studio must not touch the network
-    tabs = pn.Tabs(("Group view", group), ("Entropy landscape", landscape), ("Compare policies", compare),
-                   ("Reward rules", rule_panel), ("Reward hacking", hacking), ("Advantages & steps", credit_view),
-                   ("Mini-runs", minirun_panel), ("Preference data", curation), ("Timeline & diff", timeline),
-                   ("Import & enrich", importer), ("SQL", sql),
-                   sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
-    lazy = {1: landscape, 2: compare, 3: rule_panel, 4: hacking, 5: credit_view, 6: minirun_panel,
-            7: curation, 8: timeline}  # drawn once opened
-
+    # The lower tabs: each view is built when its tab is first opened (a page costs the first
+    # tab, not eleven), then kept; a view with ``shown`` draws only while its tab is open.
+    # (Not Panel's dynamic tabs: those re-create a tab's models on every switch.)
     def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
-        minirun_panel.use_rule(version)
-        tabs.active = 6
+        view(MINIRUNS).use_rule(version)
+        tabs.active = MINIRUNS
 
-    rule_panel.on_retrain = retrain
+    def rules_view() -> RulePanel:
+        panel = RulePanel(state=state, can_run=runs_code)
+        panel.on_retrain = retrain
+        return panel
+
+    specs = [("Group view", lambda: GroupView(state=state)),
+             ("Entropy landscape", lambda: EntropyLandscape(state=state)),
+             ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code)),
+             ("Reward rules", rules_view),
+             ("Reward hacking", lambda: HackingView(state=state)),
+             ("Advantages & steps", lambda: CreditView(state=state, can_run=runs_code)),
+             ("Mini-runs", lambda: MiniRunPanel(state=state, can_run=runs_code)),
+             ("Preference data", lambda: CurationPanel(state=state)),
+             ("Timeline & diff", lambda: TimelinePanel(state=state)),
+             ("Import & enrich", lambda: ImportPanel(state=state, can_run=runs_code)),
+             ("SQL", lambda: SQLConsole(state=state))]
+    MINIRUNS, IMPORT = 6, 9
+    built: dict[int, pn.viewable.Viewable] = {0: specs[0][1]()}
+    tabs = pn.Tabs(*[(title, built[i] if i in built else pn.Column(sizing_mode="stretch_width", min_height=200))
+                     for i, (title, _) in enumerate(specs)],
+                   sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
+
+    def view(i: int):
+        """Tab ``i``'s view, built (and put in its tab) on first use."""
+        if i not in built:
+            with pn.io.hold(freeze=True):  # its models reach the page in one message
+                built[i] = specs[i][1]()
+                tabs[i] = (specs[i][0], built[i])
+        return built[i]
 
     def on_tab(event) -> None:
-        for i, view in lazy.items():
-            view.shown = event.new == i
-        if event.new == 9:
-            importer.fill()
+        view(event.new)
+        for i, v in built.items():
+            if "shown" in v.param:
+                v.shown = i == event.new
+        if event.new == IMPORT:
+            built[IMPORT].fill()
 
     tabs.param.watch(on_tab, "active")
-    tail_seen = [importer.tail_rows()]
+    def tail_refresh() -> None:  # a watched folder grew: every view reloads
+        state.refresh += 1
+        if tabs.active == IMPORT:
+            built[IMPORT].fill()
 
-    def tail_refresh() -> None:  # a watched folder grew: every view reloads, on every open page
-        rows = importer.tail_rows()
-        if rows != tail_seen[0]:
-            tail_seen[0] = rows
-            state.refresh += 1
-            if tabs.active == 9:
-                importer.fill()
-
-    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:  # a served page
-        pn.state.add_periodic_callback(tail_refresh, period=2000)
+    follow_tails(store, tail_refresh)
     card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
     save_html = html_downloads(state)
     template.main.extend([
@@ -225,6 +245,49 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     return template
 
 
+@dataclass
+class _Page:
+    doc: weakref.ref
+    store: Store
+    seen: int
+    refresh: Callable[[], None]
+
+
+_PAGES: dict[int, _Page] = {}  # the served pages of this process, by id(document)
+
+
+def follow_tails(store: Store, refresh: Callable[[], None]) -> None:
+    """Run ``refresh`` in this served page whenever the store's folder tailers add rollouts.
+
+    One check every 2 s for the whole server (:func:`_poll_tails`), not a periodic callback per
+    page: twenty open pages would otherwise wake the server ten times a second to find nothing.
+    """
+    from widgets.import_panel import tail_rows
+
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:  # not a served page (a notebook, a test)
+        return
+    key = id(doc)
+    _PAGES[key] = _Page(weakref.ref(doc), store, tail_rows(store), refresh)
+    doc.on_session_destroyed(lambda _ctx: _PAGES.pop(key, None))
+    pn.state.schedule_task("rollout-studio-tails", _poll_tails, period="2s")  # once per process
+
+
+def _poll_tails() -> None:
+    from widgets.import_panel import tail_rows
+
+    counts: dict[str, int] = {}
+    for key, page in list(_PAGES.items()):
+        doc = page.doc()
+        if doc is None or doc.session_context is None:
+            _PAGES.pop(key, None)
+            continue
+        n = counts.setdefault(page.store.path, tail_rows(page.store))
+        if n != page.seen:
+            page.seen = n
+            doc.add_next_tick_callback(page.refresh)  # in that page's session, with its lock
+
+
 def html_downloads(state) -> pn.Row:
     """*Save as HTML*: the shown rollout, its group or its fork tree as one self-contained page
     (``widgets.static_html``, the same rendering as ``Studio.save_html``), built on click."""
@@ -238,20 +301,21 @@ def html_downloads(state) -> pn.Row:
         def callback():
             studio = Studio(state.store, state.policy_path)
             key = state.group_id if kind == "group" else state.rollout_id
+            button.filename = f"{kind}-{key[-8:]}.html"  # named when pressed: a rollout click sends nothing here
             return io.BytesIO(render(studio, key, state.channel).encode("utf-8"))
-        return pn.widgets.FileDownload(callback=callback, filename=f"{kind}.html", label=kind.replace("-", " "),
-                                       button_type="light", embed=False, height=30, width=88, disabled=True,
-                                       css_classes=[f"save-{kind}"])
+        button = pn.widgets.FileDownload(callback=callback, filename=f"{kind}.html", label=kind.replace("-", " "),
+                                         button_type="light", embed=False, height=30, width=88, disabled=True,
+                                         css_classes=[f"save-{kind}"])
+        return button
 
     buttons = {"rollout": make(rollout_html, "rollout"), "group": make(group_html, "group"),
                "fork-tree": make(fork_tree_html, "fork-tree")}
 
     def sync(*_):
-        for kind, button in buttons.items():
+        for button in buttons.values():
             button.disabled = not state.rollout_id
-            button.filename = f"{kind}-{(state.group_id if kind == 'group' else state.rollout_id)[-8:]}.html"
 
-    state.param.watch(sync, ["rollout_id", "group_id"])
+    state.param.watch(sync, ["rollout_id"])
     sync()
     label = pn.pane.HTML('<span style="font-size:12px;color:#6b7280" title="one self-contained page that opens in any '
                          'browser without a server, hover cards included">Save as HTML</span>', margin=(12, 2, 0, 10))

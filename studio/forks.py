@@ -379,6 +379,18 @@ def branch_sync(*args, **kwargs) -> BranchResult:
 
 # ---------------------------------------------------------------------------- trees
 
+def lineage(store: Store, rollout_id: str) -> tuple[str | None, int] | None:
+    """``(parent rollout id, number of branches taken from it)`` of ``rollout_id`` in one read;
+    None when it is not stored. ``(None, 0)``: its tree is itself alone (most rollouts), and
+    :func:`tree` has nothing to add."""
+    df = store.df("""SELECT parent_rollout_id AS parent, (SELECT count(*) FROM rollouts c WHERE c.parent_rollout_id = ?) AS n
+                      FROM rollouts WHERE rollout_id = ?""", [rollout_id, rollout_id])
+    if df.empty:
+        return None
+    parent = df["parent"].iloc[0]
+    return (None if pd.isna(parent) else str(parent)), int(df["n"].iloc[0])
+
+
 def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """Every rollout of the tree ``rollout_id`` belongs to: root, branches, their branches.
 
@@ -403,8 +415,8 @@ def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> p
             WHERE down.depth < 100)
         SELECT rid AS rollout_id, depth FROM down""", [root])
     id_list = ids["rollout_id"].tolist()
-    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.group_id IN (SELECT group_id FROM rollouts "
-                                               "WHERE list_contains(?, rollout_id))", [id_list])
+    # only each rollout's own reward and accuracy are read (no advantage, which would need whole groups)
+    base, params = queries.scored_rollouts_sql(rule_version_id, "list_contains(?, ro.rollout_id)", [id_list])
     df = store.df(f"""
         SELECT s.rollout_id, s.group_id, s.text, s.n_tokens, s.reward, s.accuracy, s.created_at,
                ro.parent_rollout_id, ro.fork_pos, ro.forced_token_id,

@@ -161,7 +161,27 @@ def test_branch_tree_round_trips_through_the_store(tmp_path):
     assert top.pivotal == (top.spread >= forks.PIVOTAL_SPREAD)
     run = queries.runs(store)
     assert set(run[run["kind"] == "branch"]["status"]) == {"done"}
+    # each node's parent and number of branches, in one read (the fork panel's test for a lone rollout)
+    assert forks.lineage(store, rid) == (None, 8)
+    assert forks.lineage(store, res.rollout_ids[0]) == (rid, 2)
+    assert forks.lineage(store, res2.rollout_ids[0]) == (res.rollout_ids[0], 0)
+    assert forks.lineage(store, "no-such-rollout") is None
+    # the tree reads each rollout's own reward, as the table shows it
+    shown = queries.rollout_table(store, queries.RolloutFilter(branches_of=rid)).set_index("rollout_id")["reward"]
+    for r in shown.index:
+        assert rewards[r] == pytest.approx(shown[r])
     store.close()
+
+
+def test_a_lone_rollouts_tree_is_drawn_without_reading_the_tree(seeded_store):
+    from widgets.fork_panel import lone_tree_html, tree_html
+
+    lone = seeded_store.df("SELECT rollout_id FROM rollouts WHERE parent_rollout_id IS NULL LIMIT 5")["rollout_id"]
+    for rid in lone:
+        assert forks.lineage(seeded_store, rid) == (None, 0)
+        tree = forks.tree(seeded_store, rid)
+        full = tree_html(seeded_store, rid, tree, forks.forks(seeded_store, tree), queries.reward_bounds(seeded_store))
+        assert lone_tree_html(rid) == full
 
 
 def test_bad_branch_requests_say_what_to_change_and_write_nothing(seeded_store):

@@ -66,6 +66,20 @@ def _dots(rewards: list[float], lo: float, hi: float, width: int = 90) -> str:
             f'y2="14" stroke="#ced4da"/>{"".join(circles)}</svg>')
 
 
+NO_BRANCHES = '<div class="empty">No branches yet: pick a token (forks are marked ▾) and branch.</div>'
+
+
+def _tree_head(crumbs: list[str], n_branches: int, root: str) -> str:
+    return (f'<div class="crumbs">tree: {" › ".join(reversed(crumbs))} · <b>{n_branches}</b> branch rollouts · '
+            f'<span class="link" data-click="branches" data-value="{esc(root)}">show all in table</span></div>')
+
+
+def lone_tree_html(rollout_id: str) -> str:
+    """:func:`tree_html` of a rollout that is not a branch and has none (its tree is itself)."""
+    crumb = f'<span class="link" data-click="open" data-value="{esc(rollout_id)}">root · {esc(rollout_id[-6:])}</span>'
+    return _tree_head([crumb], 0, rollout_id) + NO_BRANCHES
+
+
 def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[forks.Fork],
               bounds: tuple[float, float]) -> str:
     """The rollout tree of ``rollout_id``: breadcrumbs to the root, then every fork with its branches."""
@@ -79,10 +93,9 @@ def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[for
         crumbs.append(f'<span class="link" data-click="open" data-value="{esc(cur)}">{tag} · {esc(cur[-6:])}</span>')
         cur = row["parent_rollout_id"] if not pd.isna(row["parent_rollout_id"]) else None
     n_branches = int(tree_df["parent_rollout_id"].notna().sum())
-    head = (f'<div class="crumbs">tree: {" › ".join(reversed(crumbs))} · <b>{n_branches}</b> branch rollouts · '
-            f'<span class="link" data-click="branches" data-value="{esc(tree_df.iloc[0]["rollout_id"])}">show all in table</span></div>')
+    head = _tree_head(crumbs, n_branches, tree_df.iloc[0]["rollout_id"])
     if not fork_list:
-        return head + '<div class="empty">No branches yet: pick a token (forks are marked ▾) and branch.</div>'
+        return head + NO_BRANCHES
     lo, hi = bounds
     blocks = []
     prefix_chars = _prefix_chars(store, fork_list)
@@ -303,6 +316,9 @@ class ForkPanel(pn.viewable.Viewer):
             self._tree.object = ""
             return
         try:
+            if forks.lineage(st.store, st.rollout_id) == (None, 0):  # most rollouts: one read, not the tree's four
+                self._tree.object = lone_tree_html(st.rollout_id)
+                return
             tdf = forks.tree(st.store, st.rollout_id)
             flist = forks.forks(st.store, tdf)
             self._tree.object = tree_html(st.store, st.rollout_id, tdf, flist, queries.reward_bounds(st.store))
@@ -316,7 +332,8 @@ class ForkPanel(pn.viewable.Viewer):
 
     def _on_tree_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:
-            self.state.open_rollout(value)
+            with pn.io.hold():
+                self.state.open_rollout(value)
         elif kind == "branches" and value:
             self.state.branches_of = value
 

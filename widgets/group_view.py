@@ -39,6 +39,7 @@ class GroupView(pn.viewable.Viewer):
         self._labels: dict[str, str] = {}
         self._samples: dict[str, str] = {}  # "#3" -> rollout_id
         self._cached: tuple[pd.DataFrame, dict[str, pd.DataFrame]] | None = None
+        self._cards: dict[str, list[tuple[str, str]]] = {}  # channel -> (rollout id, card) of the cached group
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group", width=420)
         self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
                                                               button_type="light", css_classes=["open-picker"])
@@ -76,7 +77,8 @@ class GroupView(pn.viewable.Viewer):
     def _open(self) -> None:
         rid = self._samples.get(self.open_sample or "")
         if rid and rid != self.state.rollout_id:
-            self.state.rollout_id = rid
+            with pn.io.hold():
+                self.state.rollout_id = rid
 
     @param.depends("state.group_id", "state.refresh", "state.estimator", "state.kl_beta", "state.reference",
                    "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
@@ -84,6 +86,7 @@ class GroupView(pn.viewable.Viewer):
         """Load the group (two queries) and draw it."""
         st = self.state
         self._cached = None
+        self._cards = {}
         self._token_adv: dict = {}
         try:
             df = queries.group(st.store, st.group_id, st.rule_version or None, st.credit()) \
@@ -120,13 +123,19 @@ class GroupView(pn.viewable.Viewer):
 
     @param.depends("state.channel", "state.rollout_id", watch=True)
     def _draw(self) -> None:
-        """Draw the cached group's cards for the current channel and selection (no query)."""
+        """Draw the cached group's cards for the current channel and selection: no query, and the
+        cards themselves are drawn once per group and channel (a click within the group only
+        moves the highlight)."""
         if self._cached is None:
             return
         df, toks = self._cached
         st = self.state
-        comps = df.attrs.get("components", [])
-        cards = [self._card(row, toks.get(row["rollout_id"]), comps) for _, row in df.iterrows()]
+        if st.channel not in self._cards:
+            comps = df.attrs.get("components", [])
+            self._cards[st.channel] = [(row["rollout_id"], self._card(row, toks.get(row["rollout_id"]), comps))
+                                       for _, row in df.iterrows()]
+        cards = [card.replace('<div class="group-card"', '<div class="group-card selected"', 1)
+                 if rid == st.rollout_id else card for rid, card in self._cards[st.channel]]
         self._grid.object = f'<div class="grid">{"".join(cards)}</div>'
         current = next((k for k, v in self._samples.items() if v == st.rollout_id), None)
         if current != self.open_sample:
@@ -139,8 +148,7 @@ class GroupView(pn.viewable.Viewer):
         adv = self._token_adv.get(row["rollout_id"], row["advantage"]) if self._token_adv else row["advantage"]
         strip = strip_html(toks, st.channel, adv, None, step_verdicts(row.to_dict()), compact=True) \
             if toks is not None else '<div class="empty">no tokens stored</div>'
-        selected = " selected" if row["rollout_id"] == st.rollout_id else ""
-        return (f'<div class="group-card{selected}" data-rollout="{esc(row["rollout_id"])}">'
+        return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}">'
                 f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
                 f'{"<b class=ok>✓</b>" if ok else "<b class=bad>✗</b>"}'
                 f'<span>reward <b>{row["reward"]:.3f}</b></span>'

@@ -40,6 +40,11 @@ def tailers() -> dict[tuple[str, str], "Tailer"]:
     return pn.state.as_cached("rollout-studio-tailers", dict)
 
 
+def tail_rows(store) -> int:
+    """Rollouts the tailers of ``store`` have added so far (a page polls this to refresh)."""
+    return sum(t.status.get("rollouts", 0) for k, t in tailers().items() if k[0] == store.path)
+
+
 def problems_html(problems, total: int | None = None) -> str:
     """Malformed input as ``file:line: message`` lines (the first few)."""
     if not problems:
@@ -203,10 +208,6 @@ class ImportPanel(pn.viewable.Viewer):
             t.stop()
         self._stop_tail.value = ""
         self._draw_tails()
-
-    def tail_rows(self) -> int:
-        """Rollouts the store's tailers have added so far (a page polls this to refresh)."""
-        return sum(t.status.get("rollouts", 0) for k, t in tailers().items() if k[0] == self.state.store.path)
 
     # -- import -------------------------------------------------------------------------------
     def _paths(self) -> list[Path]:

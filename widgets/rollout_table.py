@@ -146,7 +146,8 @@ class RolloutTable(pn.viewable.Viewer):
         if not event.new:
             return
         row = self._table.value.iloc[event.new[0]]
-        self.state.param.update(rollout_id=row["rollout_id"], group_id=row["group_id"])
+        with pn.io.hold():  # every view's update reaches the page as one message
+            self.state.param.update(rollout_id=row["rollout_id"], group_id=row["group_id"])
 
     def __panel__(self):
         return self._layout

@@ -82,8 +82,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                compact: bool = False, fork_threshold: float | None = None, picked: int | None = None,
                clickable: bool = False, steps: pd.DataFrame | None = None,
                step_values: dict[int, float] | None = None,
-               step_advantages: dict[int, float] | None = None) -> str:
-    """HTML of a token strip. Every token and alternative is escaped: shown, never run.
+               step_advantages: dict[int, float] | None = None, rollout_id: str | None = None) -> str:
+    """HTML of a token strip (of ``rollout_id``, named in its ``data-rollout``). Every token and alternative is escaped: shown, never run.
 
     With ``fork_threshold`` set, forking tokens get the ``fork`` class (a marker above
     them); ``picked`` outlines one position; ``clickable`` makes tokens report clicks.
@@ -102,7 +102,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             if int(a) not in opens and int(b) not in closes and int(a) <= int(b):
                 opens[int(a)], closes[int(b)] = int(k), int(k)
     step_values = step_values or {}
-    parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}">']
+    rid = f' data-rollout="{esc(rollout_id)}"' if rollout_id else ""
+    parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}"{rid}>']
     in_box = False
     for i, row in enumerate(tokens.itertuples(index=False)):
         if row.pos in opens and not in_box:
@@ -301,7 +302,8 @@ class TokenStrip(pn.viewable.Viewer):
             f'{step_line}</div>')
         self._strip.object = strip_html(toks, st.channel, tc.values, alts, step_verdicts(ro),
                                         fork_threshold=thr.value, picked=st.fork_pos if st.fork_pos >= 0 else None,
-                                        clickable=True, steps=steps, step_values=sv, step_advantages=sa)
+                                        clickable=True, steps=steps, step_values=sv, step_advantages=sa,
+                                        rollout_id=st.rollout_id)
 
     def __panel__(self):
         return self._layout

@@ -50,6 +50,7 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     bob.locator(".token-strip .tok").nth(3).click()  # picking a token shows no branch form to bob
     bob.wait_for_selector("text=Browsing only: branching runs the policy", timeout=20_000)
     assert bob.locator(".branch-button button").count() == 0
+    bob.locator(".lower-tabs .bk-tab", has_text="Compare policies").click()  # built when first opened
     assert bob.locator(".compare-button button").is_disabled()
     ctx.close()
     assert not auth_server.tracebacks()

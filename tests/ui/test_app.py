@@ -63,6 +63,37 @@ def strip_text(page) -> str:
     return "".join(t for t in toks if t != "<eos>")
 
 
+TABS = {  # each lower tab, and an element only its view draws
+    "Group view": ".group-grid", "Entropy landscape": ".landscape-summary", "Compare policies": ".compare-button",
+    "Reward rules": ".rule-editor", "Reward hacking": ".length-corr", "Advantages & steps": ".ig-button",
+    "Mini-runs": ".start-run", "Preference data": ".build-pairs", "Timeline & diff": ".timeline-prompt",
+    "Import & enrich": ".import-source", "SQL": ".sql-run",
+}
+
+
+def test_every_tab_draws_when_opened_and_nothing_leaves_loopback(browser, server):
+    """Tabs other than the first are built when first opened (a page costs one tab, not eleven);
+    each then draws its view, with every resource from this server, none from a CDN."""
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = ctx.new_page()
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1",
+                                                                                "data:", "blob:")) else None)
+    try:
+        page.goto(server.url)
+        page.wait_for_selector(".tabulator-row", timeout=60_000)
+        for name, marker in list(TABS.items())[1:]:
+            assert page.locator(marker).count() == 0, f"{name} was built before it was opened"
+        for name, marker in TABS.items():
+            page.locator(".lower-tabs .bk-tab", has_text=name).click()
+            page.locator(marker).first.wait_for(state="attached", timeout=30_000)
+        page.locator(".lower-tabs .bk-tab", has_text="Group view").click()  # kept, not rebuilt
+        page.locator(".group-grid").first.wait_for(state="attached", timeout=10_000)
+        assert outside == [], outside
+    finally:
+        ctx.close()
+
+
 def test_selecting_a_row_shows_its_tokens(page):
     completions = page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
     first, other = 0, next(i for i, c in enumerate(completions) if c != completions[0])
