@@ -18,9 +18,12 @@ every ``s.token_view()`` made without an id. A view made for a given id has its 
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from . import queries
@@ -60,12 +63,20 @@ def open(db: str | Path | None = None, policy: str | Path | None = None, *, crea
     """
     from sample_data import POLICY_DIR, ROLLOUTS_DIR
 
+    _path("db", db, optional=True)
+    _path("policy", policy, optional=True)
+    if not isinstance(create, bool):
+        raise StudioAPIError(f"create must be True or False, got {_short(create)}")
     if db is None:
         store = Store.open(default_db_path(), seed_dir=ROLLOUTS_DIR)
     elif str(db) == ":memory:" or create:
         store = Store.open(db)
     else:
-        if not Path(db).expanduser().exists():
+        try:
+            exists = Path(db).expanduser().exists()
+        except RuntimeError as exc:  # "~user/..." for a user that does not exist
+            raise StoreError(f"cannot open {db}: {exc}") from None
+        if not exists:
             raise StoreError(f"there is no studio store at {db}; studio.open({str(db)!r}, create=True) makes an "
                              "empty one, studio.open() opens the embedded default")
         store = Store.open(db)
@@ -117,20 +128,39 @@ class Studio:
             step: one training step's rollouts (mini-runs, imports).
             rule_version: whose rewards (default: each rollout's most recent scoring).
             estimator: the advantage column's estimator (``studio.advantages.ESTIMATORS``).
+
+        Raises:
+            StudioAPIError: an argument of the wrong type or out of range, or an unknown
+                ``rule_version``; the message names the argument.
         """
         from .advantages import ESTIMATORS, Credit
 
-        if estimator not in ESTIMATORS:
-            raise StudioAPIError(f"unknown estimator {estimator!r}; one of {', '.join(ESTIMATORS)}")
-        lo, hi = reward if reward is not None else (None, None)
-        if limit < 1 or offset < 0:
-            raise StudioAPIError(f"limit must be ≥ 1 and offset ≥ 0, got limit={limit}, offset={offset}")
-        f = queries.RolloutFilter(run_id=run, prompt_contains=prompt, correct=correct, reward_min=lo, reward_max=hi,
-                                  group_id=group, train_step=step, limit=int(limit))
-        return queries.rollout_table(self.store, f, rule_version, Credit(estimator=estimator), offset=int(offset))
+        if not isinstance(estimator, str) or estimator not in ESTIMATORS:
+            raise StudioAPIError(f"unknown estimator {_short(estimator)}; one of {', '.join(ESTIMATORS)}")
+        for name, value in (("run", run), ("prompt", prompt), ("group", group)):
+            _text(name, value)
+        if correct is not None and not isinstance(correct, (bool, np.bool_)):
+            raise StudioAPIError(f"correct must be True, False or None, got {_short(correct)}")
+        if reward is None:
+            lo = hi = None
+        elif isinstance(reward, (tuple, list)) and len(reward) == 2:
+            lo, hi = _number("reward's low end", reward[0]), _number("reward's high end", reward[1])
+        else:
+            raise StudioAPIError(f"reward must be (low, high), either end None for open, got {_short(reward)}")
+        if step is not None:
+            step = _whole("step", step, -_INT64, _INT64)
+        limit, offset = _whole("limit", limit, 1, _INT64), _whole("offset", offset, 0, _INT64)
+        if limit + offset > _INT64:
+            raise StudioAPIError(f"limit + offset must be at most {_INT64}, got limit={limit}, offset={offset}")
+        self._check_version(rule_version)
+        f = queries.RolloutFilter(run_id=run, prompt_contains=prompt, correct=None if correct is None else bool(correct),
+                                  reward_min=lo, reward_max=hi, group_id=group, train_step=step, limit=limit)
+        return queries.rollout_table(self.store, f, rule_version, Credit(estimator=estimator), offset=offset)
 
     def rollout(self, rollout_id: str, rule_version: str | None = None) -> dict:
         """One rollout: prompt, completion, reward, advantage and reward components."""
+        _text("rollout_id", rollout_id, optional=False)
+        self._check_version(rule_version)
         ro = queries.rollout(self.store, rollout_id, rule_version)
         if ro is None:
             raise StudioAPIError(f"no rollout {rollout_id!r} in {self.store.path}")
@@ -143,7 +173,7 @@ class Studio:
 
     def groups(self, run: str | None = None) -> pd.DataFrame:
         """One row per group: prompt, size, mean reward, accuracy, and whether all rewards are equal."""
-        return queries.groups(self.store, run)
+        return queries.groups(self.store, _text("run", run))
 
     def group(self, group_id: str) -> pd.DataFrame:
         """A group's completions with reward, advantage and every reward component as a column."""
@@ -152,9 +182,15 @@ class Studio:
 
     def sql(self, query: str) -> pd.DataFrame:
         """Run one read-only SELECT (checked as the SQL tab checks it) and return its rows."""
+        import duckdb
+
         from .console import run
 
-        return run(self.store, query).frame
+        _text("query", query, optional=False)
+        try:
+            return run(self.store, query).frame
+        except duckdb.Error as exc:  # checked as read-only, then rejected by DuckDB (unknown column, bad cast...)
+            raise StudioAPIError(f"DuckDB could not run the query: {str(exc).splitlines()[0]}") from None
 
     # -- actions (the UI's code paths) ---------------------------------------------------
     def generate(self, prompts: str | Iterable[str], *, group_size: int = 8, temperature: float = 1.0,
@@ -170,7 +206,7 @@ class Studio:
         """
         from .generation import GenerateConfig, generate
 
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        texts = _texts("prompts", prompts)
         config = GenerateConfig(group_size=group_size, temperature=temperature, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, top_k_stats=top_k_stats)
 
@@ -227,6 +263,14 @@ class Studio:
 
         if (rule is None) == (reward_model is None):
             raise StudioAPIError("give a rule (source, .py file or module) or reward_model=FOLDER, not both")
+        if rule is not None and not isinstance(rule, (str, os.PathLike)):
+            raise StudioAPIError(f"rule must be its source text, a .py file or a dotted module path, got "
+                                 f"{type(rule).__name__} {_short(rule)}")
+        _path("reward_model", reward_model, optional=True)
+        _text("name", name)
+        _text("note", note, optional=False)
+        if _text("run", run) and self.store.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [run]) == 0:
+            raise StudioAPIError(f"no run {run!r} in {self.store.path}; Studio.runs() lists them")
         scope = queries.RolloutFilter(run_id=run) if run else None
         if reward_model is not None:
             res = rules.score_with_reward_model_sync(self.store, reward_model, scope)
@@ -274,7 +318,15 @@ class Studio:
         unknown = sorted(set(rule) - names)
         if unknown:
             raise StudioAPIError(f"unknown pair rule fields {unknown}; PairRule has {sorted(names)}")
-        runs = None if run is None else ([run] if isinstance(run, str) else list(run))
+        for f in dataclasses.fields(PairRule):
+            if f.name in rule:
+                _typed(f.name, rule[f.name], str(f.type))
+        runs = None if run is None else _texts("run", run)
+        if runs == []:
+            raise StudioAPIError("run must name at least one run id (or be None for every run)")
+        missing = [r for r in runs or [] if not self.store.scalar("SELECT count(*) FROM runs WHERE run_id = ?", [r])]
+        if missing:
+            raise StudioAPIError(f"no run {', '.join(map(repr, missing))} in {self.store.path}; Studio.runs() lists them")
         res = build_pairs(self.store, PairRule(**rule), run_ids=runs)
         self._refresh()
         return res
@@ -283,9 +335,10 @@ class Studio:
         """Accept pairs (by id, or every pending pair of a build); returns how many."""
         from .pairs import decide
 
-        if not pairs and not build:
+        ids = None if pairs is None else _texts("pairs", pairs)
+        if not ids and not _text("build", build):
             raise StudioAPIError("give pair ids or build=BUILD_ID")
-        return decide(self.store, "accepted", list(pairs) if pairs else None, build_id=build)
+        return decide(self.store, "accepted", ids or None, build_id=build)
 
     def export(self, path: str | Path, format: str = "preference", style: str = "standard",
                **options: Any) -> "ExportResult":
@@ -295,8 +348,19 @@ class Studio:
         ``options`` are :func:`studio.export.export`'s: ``overwrite``, ``skip_stale``,
         ``build_id``, ``kinds``, ``step_source``, ….
         """
+        import inspect
+
         from .export import export
 
+        _path("path", path)
+        _text("format", format, optional=False)
+        _text("style", style, optional=False)
+        known = {n: p.annotation for n, p in inspect.signature(export).parameters.items() if not n.startswith("_")}
+        unknown = sorted(set(options) - set(list(known)[4:]))
+        if unknown:
+            raise StudioAPIError(f"unknown export options {unknown}; export takes {list(known)[4:]}")
+        for k, v in options.items():
+            _typed(k, v, str(known[k]))
         return export(self.store, path, format, style, **options)
 
     # -- views (Panel components) --------------------------------------------------------
@@ -319,6 +383,7 @@ class Studio:
 
     def _group_id(self, key: str) -> str:
         """A group id as given, or the newest group of a prompt id."""
+        _text("group", key, optional=False)
         gid = self.store.scalar("SELECT group_id FROM rollouts WHERE group_id = ? LIMIT 1", [key])
         if gid is None:
             gid = self.store.scalar("SELECT group_id FROM rollouts WHERE prompt_id = ? "
@@ -326,6 +391,13 @@ class Studio:
         if gid is None:
             raise StudioAPIError(f"{key!r} is neither a group id nor a prompt id in {self.store.path}")
         return gid
+
+    def _check_version(self, rule_version: str | None) -> None:
+        """A clear error for a rule version that is not a string or not in the store."""
+        if _text("rule_version", rule_version) is not None and self.store.scalar(
+                "SELECT count(*) FROM rule_versions WHERE rule_version_id = ?", [rule_version]) == 0:
+            raise StudioAPIError(f"no rule version {rule_version!r} in {self.store.path}; "
+                                 "studio.rules.versions(s.store) lists them")
 
     def _view_state(self, rollout_id: str | None = None, group_id: str | None = None, **values):
         """The shared state when no id is given, else a state of its own opened on the id."""
@@ -397,12 +469,16 @@ class Studio:
         ``"import & enrich"``, ``"sql"`` (see :data:`VIEWS`)."""
         import importlib
 
-        key = name.strip().lower()
+        key = _text("name", name, optional=False).strip().lower()
         if key not in VIEWS:
             raise StudioAPIError(f"no view {name!r}; one of {', '.join(VIEWS)}")
         module, cls, kwargs = VIEWS[key]
         st = self.state
-        return getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **kwargs)
+        if not kwargs.get("shown"):
+            return getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **kwargs)
+        view = getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **{**kwargs, "shown": False})
+        view.shown = True  # drawn now, as a tab is when it is opened
+        return view
 
     def app(self) -> "pn.viewable.Viewable":
         """The whole studio page, on this store and policy."""
@@ -419,6 +495,9 @@ class Studio:
         Returns the path written."""
         from widgets.static_html import save_html
 
+        _path("path", path)
+        for k, v in (("rollout", rollout), ("group", group), ("fork_tree", fork_tree), ("title", title)):
+            _text(k, v)
         given = [k for k, v in (("rollout", rollout), ("group", group), ("fork_tree", fork_tree)) if v]
         if len(given) != 1:
             raise StudioAPIError("give exactly one of rollout=, group=, fork_tree=")
@@ -443,8 +522,81 @@ VIEWS: dict[str, tuple[str, str, dict]] = {
 
 
 def _check_channel(channel: str) -> None:
-    if channel not in CHANNELS:
+    if not isinstance(channel, str) or channel not in CHANNELS:
         raise StudioAPIError(f"unknown channel {channel!r}; one of {', '.join(CHANNELS)}")
+
+
+# -- argument checks: a wrong type or value is a StudioAPIError naming the argument, never a
+# TypeError or a DuckDB conversion error from deep inside a query
+_INT64 = 2**63 - 1
+
+
+def _short(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _text(name: str, value: Any, optional: bool = True) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise StudioAPIError(f"{name} must be a string{' or None' if optional else ''}, got "
+                             f"{type(value).__name__} {_short(value)}")
+    return value
+
+
+def _texts(name: str, value: Any) -> list[str]:
+    """One string, or an iterable of strings, as a list."""
+    if isinstance(value, str):
+        return [value]
+    try:
+        items = None if isinstance(value, (bytes, bytearray)) else list(value)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(x, str) for x in items):
+        raise StudioAPIError(f"{name} must be a string or a list of strings, got {_short(value)}")
+    return items
+
+
+def _path(name: str, value: Any, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (str, os.PathLike)) or "\x00" in str(value):
+        raise StudioAPIError(f"{name} must be a path (a string or pathlib.Path without NUL characters), got "
+                             f"{type(value).__name__} {_short(value)}")
+
+
+def _whole(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise StudioAPIError(f"{name} must be a whole number, got {type(value).__name__} {_short(value)}")
+    if not lo <= value <= hi:
+        raise StudioAPIError(f"{name} must be between {lo} and {hi}, got {value}")
+    return int(value)
+
+
+def _number(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or value != value:
+        raise StudioAPIError(f"{name} must be a number or None, got {_short(value)}")
+    return float(value)
+
+
+def _typed(name: str, value: Any, annotation: str) -> None:
+    """``value`` against a dataclass field's annotation (``str``, ``bool``, ``int | None``, ``float``...)."""
+    if value is None and "None" in annotation:
+        return
+    if annotation.startswith("str"):
+        _text(name, value, optional=False)
+    elif annotation.startswith("bool"):
+        if not isinstance(value, (bool, np.bool_)):
+            raise StudioAPIError(f"{name} must be True or False, got {_short(value)}")
+    elif annotation.startswith("int"):
+        _whole(name, value, -_INT64, _INT64)
+    elif annotation.startswith("float"):
+        _number(name, value)
+    elif annotation.startswith("Iterable[str]"):
+        _texts(name, value)
 
 
 def setup_notebook() -> None:

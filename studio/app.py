@@ -182,19 +182,20 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         tabs.active = MINIRUNS
 
     def rules_view() -> RulePanel:
-        panel = RulePanel(state=state, can_run=runs_code)
+        panel = RulePanel(state=state, can_run=runs_code, shown=False)
         panel.on_retrain = retrain
         return panel
 
+    # views with ``shown`` are made hidden and drawn when their tab shows them (``on_tab``)
     specs = [("Group view", lambda: GroupView(state=state)),
-             ("Entropy landscape", lambda: EntropyLandscape(state=state)),
-             ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code)),
+             ("Entropy landscape", lambda: EntropyLandscape(state=state, shown=False)),
+             ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code, shown=False)),
              ("Reward rules", rules_view),
-             ("Reward hacking", lambda: HackingView(state=state)),
-             ("Advantages & steps", lambda: CreditView(state=state, can_run=runs_code)),
-             ("Mini-runs", lambda: MiniRunPanel(state=state, can_run=runs_code)),
-             ("Preference data", lambda: CurationPanel(state=state)),
-             ("Timeline & diff", lambda: TimelinePanel(state=state)),
+             ("Reward hacking", lambda: HackingView(state=state, shown=False)),
+             ("Advantages & steps", lambda: CreditView(state=state, can_run=runs_code, shown=False)),
+             ("Mini-runs", lambda: MiniRunPanel(state=state, can_run=runs_code, shown=False)),
+             ("Preference data", lambda: CurationPanel(state=state, shown=False)),
+             ("Timeline & diff", lambda: TimelinePanel(state=state, shown=False)),
              ("Import & enrich", lambda: ImportPanel(state=state, can_run=runs_code)),
              ("SQL", lambda: SQLConsole(state=state))]
     MINIRUNS, IMPORT = 6, 9

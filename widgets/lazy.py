@@ -12,7 +12,7 @@ class LazyView(pn.viewable.Viewer):
     shown = param.Boolean(default=True, doc="Whether the view is on screen; while hidden, updates wait.")
 
     def __init__(self, **params):
-        self._stale = False
+        self._stale = True  # nothing drawn yet: the first time it is shown, it draws
         super().__init__(**params)
 
     def _defer(self) -> bool:
