@@ -29,7 +29,16 @@ def open_shared_store(db_path: str | Path) -> Store:
 
 class StudioTemplate(pn.template.BootstrapTemplate):
     """Panel's Bootstrap template, put on a page with Bokeh's model graph frozen: the graph is
-    walked once for the whole page instead of once per root added (a third of a page's build)."""
+    walked once for the whole page instead of once per root added (a third of a page's build).
+
+    Without Panel's busy indicator: it is one process-wide flag that every callback of every
+    session sets on every open page's spinner, so with twenty pages a click costs forty model
+    updates in nineteen other pages (and each page's spinner turned with everyone's clicks).
+    """
+
+    def __init__(self, **params):
+        params.setdefault("busy_indicator", None)
+        super().__init__(**params)
 
     def _init_doc(self, doc=None, comm=None, title=None, notebook=False, location=True):
         if doc is None:
@@ -57,11 +66,11 @@ def describe_policy(path: str | Path) -> str:
     return f"{name} · {arch} · local worker on {device}"
 
 
-def refusal_page(message: str) -> pn.template.BootstrapTemplate:
+def refusal_page(message: str) -> StudioTemplate:
     """A page that only explains why the studio will not serve here."""
     from widgets.style import CSS, banner
 
-    template = pn.template.BootstrapTemplate(title=TITLE, header_background="#1f2937")
+    template = StudioTemplate(title=TITLE, header_background="#1f2937")
     template.main.append(pn.pane.HTML(banner("error", message), stylesheets=[CSS], sizing_mode="stretch_width"))
     return template
 

@@ -25,7 +25,7 @@ from studio.vocab import decode_ids, policy_label
 
 from .clickable import ClickableHTML
 from .state import StudioState
-from .style import CSS, banner, esc
+from .style import CSS, REDRAWN, banner, esc
 from .token_strip import VISIBLE_WS, num, token_display
 
 AS_SAMPLED = "as sampled (draw again)"
@@ -166,7 +166,7 @@ class ForkPanel(pn.viewable.Viewer):
         self._cancel: threading.Event | None = None
         self._attach: str | None = None
         self._tree_drawn_at = -1
-        self._head = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5),
+        self._head = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN,
                                   css_classes=["fork-head-info"])
         self._choice_box = pn.widgets.CheckBoxGroup.from_param(
             self.param.choices, name="", inline=True, css_classes=["fork-choices"], margin=(0, 8),
@@ -184,7 +184,7 @@ class ForkPanel(pn.viewable.Viewer):
             self._go.on_click(self._on_branch)
             self._stop.on_click(lambda e: self._cancel.set() if self._cancel else None)
             self._attach_btn.on_click(self._on_attach)
-        self._tree = ClickableHTML(object="", stylesheets=[CSS, TREE_CSS], sizing_mode="stretch_width",
+        self._tree = ClickableHTML(object="", stylesheets=[CSS, TREE_CSS], sizing_mode="stretch_width", **REDRAWN,
                                    margin=(0, 5), css_classes=["fork-tree"])
         self._tree.on_click(self._on_tree_click)
         if can_run:

@@ -16,7 +16,7 @@ from studio.advantages import EQUAL_TOL, ESTIMATORS
 from studio.store import StoreError
 
 from .state import StudioState
-from .style import CSS, SCALES, banner, chip, esc
+from .style import CSS, REDRAWN, SCALES, banner, chip, esc
 from .token_strip import step_verdicts, strip_html
 
 GRID_CSS = """
@@ -43,8 +43,8 @@ class GroupView(pn.viewable.Viewer):
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group", width=420)
         self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
                                                               button_type="light", css_classes=["open-picker"])
-        self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5))
-        self._grid = pn.pane.HTML("", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width",
+        self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN)
+        self._grid = pn.pane.HTML("", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width", **REDRAWN,
                                   css_classes=["group-grid"])
         self._layout = pn.Column(pn.Row(self._picker, self._opener), self._header, self._grid,
                                  sizing_mode="stretch_width")

@@ -89,6 +89,13 @@ STEP_SCALE = Scale("step", "step reward", -1.0, 1.0,
                    ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
                    "bars under each step's tokens: the step reward from the chosen source")
 
+
+# Panes redrawn on every click carry the studio's CSS only, not Panel's design: for every update
+# the design makes its four stylesheets again (all of Bootstrap among them) for Panel to match
+# against the ones the pane has (~1.5 ms a pane, a few per click), and the studio's CSS styles
+# everything these panes show.
+REDRAWN = {"design": None}
+
 CSS = """
 :host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
 .legend { display:flex; align-items:center; gap:6px; font-size:12px; color:#495057; flex-wrap:wrap; }

@@ -21,7 +21,7 @@ from studio.vocab import decode_ids
 
 from .clickable import ClickableHTML
 from .state import StudioState
-from .style import CSS, SCALES, STEP_SCALE, banner, chip, esc
+from .style import CSS, REDRAWN, SCALES, STEP_SCALE, banner, chip, esc
 
 SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
 VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
@@ -195,11 +195,11 @@ class TokenStrip(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+        self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
                                     css_classes=["strip-header"])
-        self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+        self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
                                     css_classes=["strip-legend"])
-        self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5),
+        self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
                                     css_classes=["token-strip"])
         self._strip.on_click(self._on_click)
         self._thresholds: dict[tuple, forks.Threshold] = {}
