@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import secrets
 import sys
 import webbrowser
 from pathlib import Path
@@ -170,8 +171,12 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
     if args.oauth_provider:
         auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
     print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
+    # Signed session ids (a key made per start): a page's session id is one this server made, never one
+    # a request names (which would let a client pick, or guess, another person's session; a blank one
+    # made Bokeh answer 500). A request naming its own id gets 403.
     pn.serve({"/": lambda: create_app(db, policy, store=store, admins=admins)}, port=args.port, address=args.address,
-             websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False, **auth)
+             websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False,
+             sign_sessions=True, secret_key=secrets.token_urlsafe(32), **auth)
     return 0
 
 

@@ -16,8 +16,10 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
     reads on a click, ``credit.rollout_view`` (the call the strip makes): the rollout's group
     scored from point reads (``queries.scored_group``: the header's reward, advantage over the
     group, components, and the per-token advantages), its tokens ``queries.tokens``, and its
-    steps from those tokens. Not included: the run's fork threshold, which the strip computes
-    once per run and keeps. A different random rollout each repetition (``--reps``).
+    steps from those tokens; reads that do not wait on each other (the tokens; the prompt, run and
+    versions' times) run on the studio's reader threads beside the group's, as in the strip: the
+    figure is the click's wall time. Not included: the run's fork threshold, which the strip
+    computes once per run and keeps. A different random rollout each repetition (``--reps``).
 ``filtered_page_ms_median`` (target < 200 ms)
     The rollout table with a filter (``widgets/rollout_table.py``): ``queries.rollout_table``
     with a run, *incorrect*, a reward range and a prompt text (a different run and text each

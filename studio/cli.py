@@ -265,11 +265,28 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in HANDLERS:
         ap.parse_args(argv[:1] or argv)  # prints usage (exit 2) or --help / --version (exit 0)
         return BAD_INPUT
+    problem = _db_problem(argv[1:])
+    if problem:
+        _err(problem)
+        return BAD_INPUT
     try:
         return HANDLERS[argv[0]](argv[1:])
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
+
+
+def _db_problem(argv: list[str]) -> str | None:
+    """Why a ``--db`` path cannot be a path at all (``~user/…`` for a user that does not exist:
+    ``Path.expanduser`` raises RuntimeError, which every subcommand's store opening would let through)."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--db" and i + 1 < len(argv) else arg[5:] if arg.startswith("--db=") else None
+        if value is not None:
+            try:
+                Path(value).expanduser()
+            except RuntimeError as exc:
+                return f"--db {value}: {exc}"
+    return None
 
 
 def _version() -> str:

@@ -258,11 +258,13 @@ def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id:
     the store): its group scored once (:func:`queries.scored_group`) gives the header and the
     per-token advantages, and its tokens read once give the strip and the steps. Settings that
     are wrong raise ``ValueError`` (an estimator's, a segmentation's)."""
-    scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    ahead = queries.read_ahead(queries.tokens, store, rollout_id)  # read beside the group: it needs nothing from it
+    with queries.settled(lambda: ahead):
+        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
     ro = scored.row(rollout_id)
+    toks = ahead.result()
     if ro is None:
         return None
-    toks = queries.tokens(store, rollout_id)
     tc = token_advantages(store, rollout_id, credit, rule_version_id, scored)
     return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks))
 

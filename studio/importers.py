@@ -23,9 +23,11 @@ import io
 import json
 import math
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from .store import Store
 
 FORMATS = ("trl", "verl", "openrlhf", "generic")
 SLICE = 250_000  # rows read, checked and written at a time
-TOKEN_SLICE = 2_000_000  # token rows per write
+TOKEN_SLICE = 4_000_000  # token rows per write (DuckDB spreads an insert of millions over its threads)
 MAX_PROBLEMS = 1000  # problems kept per import (all are counted)
 _INT32 = 2**31 - 1
 
@@ -454,7 +456,7 @@ def _list_first(a: pa.Array) -> pa.Array:
     return flat.take(idx) if len(flat) else pa.nulls(len(a), flat.type)
 
 
-_ELEMENT_OK = {"token_texts": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t),
+_ELEMENT_OK = {"token_texts": lambda t: _kind(t) == "text",  # strings, or a dictionary of them
                "token_ids": pa.types.is_integer}
 
 
@@ -729,7 +731,7 @@ def _read(path: Path, fmt: str, user: ColumnMapping | None, start: int, tail: bo
     if path.suffix == ".parquet":
         pf = pq.ParquetFile(path)  # reads the footer: a file still being written fails here
         m = resolve(fmt, _kinds_of_schema(pf.schema_arrow), user, str(path))
-        return _Source(path, m, _parquet_slices(pf, m), path.stat().st_size, [])
+        return _Source(path, m, _parquet_slices(path, pf, m), path.stat().st_size, [])
     if path.suffix == ".json":
         names, data = _read_table_json(path)
         recs = [(i + 1, dict(zip(names, row)) if isinstance(row, list) and len(row) == len(names) else row)
@@ -760,14 +762,38 @@ def _read(path: Path, fmt: str, user: ColumnMapping | None, start: int, tail: bo
     return _Source(path, m, _chunks(recs), end, problems)
 
 
-def _parquet_slices(pf: pq.ParquetFile, m: ColumnMapping):
-    """The file in slices, read as they are written (token lists make a slice big: fewer rows then)."""
-    rows = SLICE if not any(getattr(m, f) for f in _TOKEN_FIELDS) else max(1, SLICE // 16)
+def _parquet_slices(path: Path, pf: pq.ParquetFile, m: ColumnMapping):
+    """The file in slices, read as they are written (token lists make a slice big: fewer rows then).
+
+    Token texts are read as a dictionary (distinct strings once, an index per token): building every
+    token's string costs more than reading the rest of the file, even where the writer stored them
+    plainly, and the store takes the dictionary as it is. Each row group has a dictionary of its own
+    and Arrow cannot read a slice across two of them, so those slices keep to one row group; a file of
+    small row groups is read plainly instead, in slices across them."""
+    rows = SLICE if not any(getattr(m, f) for f in _TOKEN_FIELDS) else max(1, SLICE // 8)
+    cols = sorted(_columns(m))
+    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    dicts = _dictionary_leaves(pf, m.token_texts) if m.token_texts and min(sizes[:-1], default=rows) >= rows // 4 else []
+    if dicts:
+        pf.close()
+        pf = pq.ParquetFile(path, read_dictionary=dicts)
+        batches = (rb for g in range(len(sizes)) for rb in pf.iter_batches(batch_size=rows, row_groups=[g], columns=cols))
+    else:
+        batches = pf.iter_batches(batch_size=rows, columns=cols)
     lo = 0
     with pf:
-        for rb in pf.iter_batches(batch_size=rows, columns=sorted(_columns(m))):
+        for rb in batches:
             yield lo, pa.Table.from_batches([rb])
             lo += rb.num_rows
+
+
+def _dictionary_leaves(pf: pq.ParquetFile, column: str) -> list[str]:
+    """The Parquet path of ``column``'s strings when it is a plain list of strings (else none)."""
+    schema = pf.schema
+    leaves = [schema.column(i) for i in range(len(schema)) if schema.column(i).path.split(".")[0] == column]
+    if len(leaves) != 1 or leaves[0].physical_type != "BYTE_ARRAY" or leaves[0].max_repetition_level != 1:
+        return []
+    return [leaves[0].path]
 
 
 def _chunks(recs: list) -> list:
@@ -940,6 +966,8 @@ def _explode(a: pa.Array, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
         idx = np.full(len(valid), 0, np.int64)
         idx[valid] = np.arange(int(valid.sum()))
         flat = flat.take(pa.array(idx, mask=~valid)) if len(flat) else pa.nulls(len(valid), flat.type)
+    if pa.types.is_dictionary(flat.type) and typ == pa.string():  # token texts: the store reads the dictionary
+        return flat.cast(pa.dictionary(flat.type.index_type, typ))
     return flat.cast(typ)
 
 
@@ -977,7 +1005,9 @@ def _write_rows(ctx: _Ctx, src: _Source, b: _Batch, ids, pids, gids, sample_idx)
         total_tok = int(lengths.sum())
         rows = np.repeat(np.arange(n), lengths)
         pos = np.arange(total_tok) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        tok_cols = {"rollout_id": ids.take(pa.array(rows)), "pos": pa.array(pos, pa.int32())}
+        # each token's rollout id as an index into the slice's ids: no string copied per token
+        tok_cols = {"rollout_id": pa.DictionaryArray.from_arrays(pa.array(rows, pa.int32()), ids),
+                    "pos": pa.array(pos, pa.int32())}
         values_col = None
         for fld, a in b.tokens.items():
             col, typ = _TOKEN_FIELDS[fld]
@@ -1097,13 +1127,17 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
             total_bytes, read_bytes = sum(s for *_, s in todo), 0
             if progress:
                 progress(0, total_bytes)
-            for f, start, size in todo:
-                if cancel is not None and cancel.is_set():
-                    raise _Cancelled
-                _import_file(ctx, report, f, start, tail, mapping, on_error)
-                read_bytes += size
-                if progress:
-                    progress(read_bytes, total_bytes)
+            reads = _ReadAhead(_reads(todo, fmt, mapping, tail))
+            try:
+                for *_, size in todo:
+                    if cancel is not None and cancel.is_set():
+                        raise _Cancelled
+                    _import_file(ctx, report, reads, on_error, tail)
+                    read_bytes += size
+                    if progress:
+                        progress(read_bytes, total_bytes)
+            finally:
+                reads.close()
             if new_run and (report.n_files or not tail):
                 store.write({"runs": pa.table({
                     "run_id": [run_id], "kind": ["import"], "name": [name or _default_name(roots[0])],
@@ -1129,29 +1163,79 @@ def _default_name(root: Path) -> str:
     return root.parent.name if root.name == "completions" else root.name
 
 
-def _import_file(ctx: _Ctx, report: ImportReport, f: Path, start: int, tail: bool,
-                 user: ColumnMapping | None, on_error: str) -> None:
-    st = f.stat()
-    try:
-        src = _read(f, ctx.fmt, user, start, tail)
-    except (OSError, pa.ArrowException, UnicodeDecodeError, ImportFormatError) as exc:
+def _reads(todo: list, fmt: str, user: ColumnMapping | None, tail: bool):
+    """Everything the import reads, in order, and nothing it writes. Per file: ``(f, start, stat,
+    source)`` (the source: what :func:`_read` gave, or the exception it raised), then ``(batch,
+    problems)`` per slice (:func:`_canonical`), the exception that stopped a file whose data does not
+    read (its footer did), and None at the file's end."""
+    for f, start, _ in todo:
+        st = f.stat()
+        try:
+            src = _read(f, fmt, user, start, tail)
+        except (OSError, pa.ArrowException, UnicodeDecodeError, ImportFormatError) as exc:
+            yield f, start, st, exc
+            continue
+        yield f, start, st, src
+        file_step = _step_of_name(f)
+        try:
+            for offset, part in src.slices:
+                yield _canonical(src, offset, part, file_step)
+        except (OSError, pa.ArrowException) as exc:  # a Parquet file whose footer reads but whose data does not
+            yield exc
+        yield None  # the file's end
+
+
+class _ReadAhead:
+    """Iterates ``items`` one item ahead in a reader thread: the next slice is read from its file and
+    put in canonical form (Arrow, which lets go of the GIL) while the store writes this one. ``next``
+    raises what producing the item raised. Close it to stop reading."""
+
+    _END = object()
+
+    def __init__(self, items):
+        self._items = items
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-read")
+        self._next = self._pool.submit(next, items, self._END)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._next.result()
+        if item is self._END:
+            raise StopIteration
+        self._next = self._pool.submit(next, self._items, self._END)
+        return item
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)  # the slice being read finishes first
+        self._items.close()
+
+
+def _import_file(ctx: _Ctx, report: ImportReport, reads: _ReadAhead, on_error: str, tail: bool) -> None:
+    """Write the next file of ``reads`` (see :func:`_reads`)."""
+    f, start, st, src = next(reads)
+    if isinstance(src, Exception):
+        exc = src
         being_written = f.suffix == ".json" or (f.suffix == ".parquet" and not isinstance(exc, ImportFormatError))
         if tail and being_written:  # no Parquet footer yet, or the JSON's end is missing: try again next poll
             report.waiting.append(str(f))
             return
         if isinstance(exc, ImportFormatError):
-            raise
+            raise exc
         _problems(report, [Problem(str(f), None, f"cannot read it ({str(exc).splitlines()[0][:200]})")], on_error)
         return
-    problems, writer, file_step = list(src.problems), _FileWriter(ctx, src, resumed=start > 0), _step_of_name(f)
-    try:
-        for offset, part in src.slices:
-            b, probs = _canonical(src, offset, part, file_step)
-            problems += probs
-            if b is not None and not (problems and on_error == "abort"):  # aborting: only look for the rest
-                writer.write(b)
-    except (OSError, pa.ArrowException) as exc:  # a Parquet file whose footer reads but whose data does not
-        problems.append(Problem(str(f), None, f"cannot read the rest ({str(exc).splitlines()[0][:200]})"))
+    problems, writer = list(src.problems), _FileWriter(ctx, src, resumed=start > 0)
+    for item in reads:
+        if item is None:
+            break
+        if isinstance(item, Exception):
+            problems.append(Problem(str(f), None, f"cannot read the rest ({str(item).splitlines()[0][:200]})"))
+            continue
+        b, probs = item
+        problems += probs
+        if b is not None and not (problems and on_error == "abort"):  # aborting: only look for the rest
+            writer.write(b)
     problems.sort(key=lambda p: p.line or 0)
     _problems(report, problems, on_error)
     if src.end == start and not writer.n:
@@ -1198,14 +1282,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m studio.importers"
     ap.add_argument("--tail", action="store_true", help="keep importing new steps of one directory until Ctrl-C")
     ap.add_argument("--interval", type=float, default=2.0, help="--tail: seconds between looks")
     args = ap.parse_args(argv)
+    def refuse(message: str) -> int:  # bad input: said on stderr, nothing changed (exit 2)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
     try:
         mapping = ColumnMapping.parse(args.map) if args.map else None
         if args.tail and (len(args.paths) != 1 or not Path(args.paths[0]).is_dir()):
             raise ValueError("--tail follows one directory")
+        missing = [p for p in args.paths if not Path(p).expanduser().exists()]
+        if missing:  # checked before the store is opened: a typo makes no store
+            raise ValueError(f"no such file or directory: {', '.join(missing)}")
         store = Store.open(args.db)
-    except (OSError, ValueError, StoreError) as exc:
-        print(f"error: {exc}")
-        return 2
+    except (OSError, ValueError, RuntimeError, StoreError) as exc:  # RuntimeError: '~nouser' in a path
+        return refuse(str(exc))
     on_error = "skip" if args.skip_bad else "abort"
     try:
         if args.tail:
@@ -1214,12 +1304,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m studio.importers"
                          task=args.task)
     except MalformedInput as exc:
         for p in exc.problems:
-            print(p)
-        print(f"error: {exc}")
-        return 2
+            print(p, file=sys.stderr)
+        return refuse(str(exc))
     except ImportFormatError as exc:
-        print(f"error: {exc}")
-        return 2
+        return refuse(str(exc))
     finally:
         store.close()
     print(rep.summary())

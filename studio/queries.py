@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -27,6 +32,7 @@ from .store import Store
 from .tasks import Prompt
 
 MAX_TABLE_ROWS = 5000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -429,13 +435,15 @@ def group(store: Store, group_id: str, rule_version_id: str | None = None, credi
 #
 # Scoring one group in SQL (scored_rollouts_sql over ``ro.group_id = ?``) costs ~30 ms of planning and
 # small operators, whatever the store's size. A click on a rollout needs only its group: scored_group
-# reads the group's rows (with their prompt and run) and their rewards (with their versions' times) in
-# two point reads (ids sort in the order they were made, so DuckDB's min/max statistics skip all but
-# the row groups holding them; rows come back as tuples, as building a DataFrame costs more than such
-# a read), plus what a token-level estimator or REINFORCE++'s batches need, and scores them with the
-# numpy twins of the estimators under the SQL's rules: NULL and NaN rewards, the version picked per
-# rollout, batches. The values equal the SQL path's (tests/test_fast_header.py compares them, case by
-# case); per-token terms whose float types matter (FLOAT log-probs and values) are still DuckDB's.
+# reads the rollout's group id (the primary key's index), the group's rows and their rewards in point
+# reads whose filters are constants (ids sort in the order they were made, so DuckDB's min/max
+# statistics skip all but the row groups holding them; rows come back as tuples, as building a
+# DataFrame costs more than such a read) while a reader thread (read_ahead) looks up their prompt,
+# run and the rule versions' times, plus what a token-level estimator or REINFORCE++'s batches need,
+# and scores them with the numpy twins of the estimators under the SQL's rules: NULL and NaN rewards,
+# the version picked per rollout, batches. The values equal the SQL path's (tests/test_fast_header.py
+# compares them, case by case); per-token terms whose float types matter (FLOAT log-probs and values)
+# are still DuckDB's.
 
 SCORED_NAMES = tuple(c.strip().split(".", 1)[1] for c in SCORED_COLUMNS.split(","))
 
@@ -472,16 +480,35 @@ def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: s
     their prompt and run, from point reads (see :class:`ScoredGroup`)."""
     credit = credit or Credit()
     if group_id is None:
-        members = _rollout_rows(store, "ro.group_id = (SELECT group_id FROM rollouts WHERE rollout_id = ?)", [rollout_id])
+        # the group id first, through the rollouts' primary key index: the group's read then filters on a
+        # constant, which DuckDB prunes the scan with as it plans it (a subquery's value, known only as the
+        # query runs, scanned ~2.5x longer on a 1M-rollout store)
+        head = _fetch(store, "SELECT group_id, prompt_id, run_id FROM rollouts WHERE rollout_id = ?", [rollout_id])
+        if not head:
+            return ScoredGroup(None, rule_version_id, credit, [], [], {})
+        group_id, hint = head[0][0], ([head[0][1]], [head[0][2]])
     else:
-        members = _rollout_rows(store, "ro.group_id = ?", [group_id])
-    if not members:
-        return ScoredGroup(group_id, rule_version_id, credit, [], [], {})
+        hint = None
+    # the prompt and run rows (and the versions' times, to pick each rollout's newest scoring) are looked up
+    # beside the group's read: the clicked rollout's own, known now (a group's rollouts share them), then
+    # any other that a member names
+    times = rule_version_id is None
+    lookup = read_ahead(_lookups, store, *hint, times) if hint else None
+    with settled(lambda: lookup):
+        members = _rollout_rows(store, group_id)
+        if not members:
+            if lookup is not None:
+                lookup.result()
+            return ScoredGroup(None if hint else group_id, rule_version_id, credit, [], [], {})
+        if lookup is None:
+            lookup = read_ahead(_lookups, store, *_prompt_run_ids(members), times)
+        scope = members
+        if credit.estimator == "reinforce_pp":  # whitened over whole batches: read the batches' groups too
+            scope = _batch_rows(store, members)
+        reward_rows = _reward_rows(store, [m["rollout_id"] for m in scope], rule_version_id)
+    prompts, runs, created = lookup.result()
     gid, key, tokens = members[0]["group_id"], credit.estimator, {}
-    scope = members
-    if key == "reinforce_pp":  # whitened over whole batches: read the batches' groups too
-        scope = _batch_rows(store, members)
-    picked = _picked(_reward_rows(store, [m["rollout_id"] for m in scope], rule_version_id), rule_version_id)
+    picked = _picked([r + (created.get(r[1]),) for r in reward_rows], rule_version_id)
     empty = {"rule_version_id": rule_version_id, "reward": None, "accuracy": None, "components": {}}
     for m in scope:
         m.update(picked.get(m["rollout_id"], empty))
@@ -497,7 +524,43 @@ def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: s
         adv = _sequence_sql(key if key in GROUP_STATS else "grpo", rewards, groups)
     for m, a in zip(members, adv):
         m["advantage"] = a
+    pids, rids = _prompt_run_ids(members)
+    missing = ([p for p in pids if p not in prompts], [r for r in rids if r not in runs])
+    if missing[0] or missing[1]:  # members with another prompt or run than the clicked rollout (or none stored)
+        more = _lookups(store, *missing)
+        prompts, runs = {**prompts, **more[0]}, {**runs, **more[1]}
+    for m in members:
+        m["_prompt"], m["_run"] = prompts.get(m["prompt_id"]), runs.get(m["run_id"])
     return ScoredGroup(gid, rule_version_id, credit, members, _listed(members), tokens)
+
+
+_READERS: ThreadPoolExecutor | None = None
+_READERS_LOCK = threading.Lock()
+
+
+def read_ahead(fn: Callable[..., T], *args) -> Future[T]:
+    """``fn(*args)`` started in one of two shared reader threads: a click's reads that do not depend
+    on each other (its tokens, its group's prompt) run while the calling thread reads the rest; DuckDB
+    lets go of the GIL while it reads. ``.result()`` returns the value or raises what ``fn`` raised.
+    ``fn`` must not wait on another :func:`read_ahead` (two threads: it could wait forever)."""
+    global _READERS
+    with _READERS_LOCK:
+        if _READERS is None:
+            _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="studio-read")
+    return _READERS.submit(fn, *args)
+
+
+@contextmanager
+def settled(future: Callable[[], Future | None]):
+    """On an error inside, wait for the read ``future()`` started (:func:`read_ahead`) before the error
+    leaves: its cursor must not outlive a store that the caller may close next."""
+    try:
+        yield
+    except BaseException:
+        f = future()
+        if f is not None:
+            wait([f])
+        raise
 
 
 def _fetch(store: Store, sql: str, params: list) -> list[tuple]:
@@ -506,17 +569,37 @@ def _fetch(store: Store, sql: str, params: list) -> list[tuple]:
     return store._read(sql, params, None, lambda cur: cur.fetchall())
 
 
-def _rollout_rows(store: Store, where: str, params: list) -> list[dict]:
-    """Rollouts matching ``where`` (a condition on ``rollouts ro``) as dicts of the scored columns,
-    with ``_prompt`` (text, gold, task) and ``_run`` (name, policy), None where that row is missing.
-    (DuckDB looks the prompt and run up in their primary keys' indexes: the joins are nearly free.)"""
+def _rollout_rows(store: Store, group_id: str) -> list[dict]:
+    """The group's rollouts as dicts of the scored columns."""
+    rows = _fetch(store, f"SELECT {SCORED_COLUMNS} FROM rollouts ro WHERE ro.group_id = ?", [group_id])
+    return [dict(zip(SCORED_NAMES, r)) for r in rows]
+
+
+def _prompt_run_ids(members: list[dict]) -> tuple[list, list]:
+    """The distinct prompt and run ids the members name."""
+    return list(dict.fromkeys(m["prompt_id"] for m in members)), list(dict.fromkeys(m["run_id"] for m in members))
+
+
+def _marks(values: list) -> str:
+    """One bound parameter per value, for ``IN (...)`` (NULL when there are none: no row matches)."""
+    return ", ".join(["?"] * len(values)) or "NULL"
+
+
+def _lookups(store: Store, prompt_ids: list, run_ids: list, times: bool = False) -> tuple[dict, dict, dict]:
+    """``({prompt_id: (text, gold, task)}, {run_id: (name, policy)}, {rule_version_id: created_at})``
+    of the rows that exist, in one read: the prompts and runs through their primary keys' indexes (ids
+    as a list of bound values: an index lookup each), with ``times`` every rule version's time."""
     rows = _fetch(store, f"""
-        SELECT {SCORED_COLUMNS}, p.prompt_id IS NOT NULL, p.text, p.gold, p.task, r.run_id IS NOT NULL, r.name, r.policy
-        FROM rollouts ro LEFT JOIN prompts p ON p.prompt_id = ro.prompt_id LEFT JOIN runs r ON r.run_id = ro.run_id
-        WHERE {where}""", params)
-    n = len(SCORED_NAMES)
-    return [dict(zip(SCORED_NAMES, r), _prompt=r[n + 1:n + 4] if r[n] else None, _run=r[n + 5:n + 7] if r[n + 4] else None)
-            for r in rows]
+        SELECT 0, prompt_id, text, gold::VARCHAR, task, NULL::TIMESTAMP FROM prompts WHERE prompt_id IN ({_marks(prompt_ids)})
+        UNION ALL
+        SELECT 1, run_id, name, policy, NULL, NULL FROM runs WHERE run_id IN ({_marks(run_ids)})
+        UNION ALL
+        SELECT 2, rule_version_id, NULL, NULL, NULL, created_at FROM rule_versions WHERE ?""",
+                  list(prompt_ids) + list(run_ids) + [bool(times)])
+    out: tuple[dict, dict, dict] = ({}, {}, {})
+    for r in rows:
+        out[r[0]][r[1]] = r[2:5] if r[0] == 0 else r[2:4] if r[0] == 1 else r[5]
+    return out
 
 
 def _batch_keys(store: Store, where: str, params: list) -> list[dict]:
@@ -552,18 +635,15 @@ REWARD_ROWS_PER_ROLLOUT = 64  # a range read returning more than this per rollou
 
 
 def _reward_rows(store: Store, ids: list[str], rule_version_id: str | None) -> list[tuple]:
-    """``(rollout_id, rule_version_id, component, value, the version's created_at)`` of these
-    rollouts (only the version's, if one is given; the time is then NULL). Read through their id
-    range: ids sort in the order they were made, so a group's range holds little but its own
-    rewards, and DuckDB skips the other row groups. Should the range hold many other rollouts'
-    rewards (a group made far apart), the read stops there and asks for the ids instead."""
+    """``(rollout_id, rule_version_id, component, value)`` of these rollouts (only the version's, if
+    one is given). Read through their id range: ids sort in the order they were made, so a group's
+    range holds little but its own rewards, and DuckDB skips the other row groups. Should the range
+    hold many other rollouts' rewards (a group made far apart), the read stops there and asks for the
+    ids instead."""
     if not ids:
         return []
-    if rule_version_id is None:
-        when, join, ver, vparams = "v.created_at", "LEFT JOIN rule_versions v ON v.rule_version_id = rw.rule_version_id", "", []
-    else:
-        when, join, ver, vparams = "NULL", "", " AND rw.rule_version_id = ?", [rule_version_id]
-    sql = f"""SELECT rw.rollout_id, rw.rule_version_id, rw.component, rw.value, {when} FROM rewards rw {join}
+    ver, vparams = ("", []) if rule_version_id is None else (" AND rw.rule_version_id = ?", [rule_version_id])
+    sql = f"""SELECT rw.rollout_id, rw.rule_version_id, rw.component, rw.value FROM rewards rw
               WHERE rw.rollout_id BETWEEN ? AND ?{ver}"""
     cap = REWARD_ROWS_PER_ROLLOUT * len(ids)
     rows = _fetch(store, sql + " LIMIT ?", [min(ids), max(ids)] + vparams + [cap + 1])
@@ -576,7 +656,8 @@ def _reward_rows(store: Store, ids: list[str], rule_version_id: str | None) -> l
 
 def _picked(rewards: list[tuple], rule_version_id: str | None) -> dict[str, dict]:
     """``{rollout_id: {rule_version_id, reward, accuracy, components}}``: what :func:`picked_sql` (with
-    ``components``) picks from these reward rows (:func:`_reward_rows`)."""
+    ``components``) picks from these reward rows (:func:`_reward_rows`'s, each with its version's
+    ``created_at`` after them: NULL for a version missing from ``rule_versions``)."""
     per: dict[tuple, list[tuple]] = {}
     for r in rewards:
         per.setdefault((r[0], r[1]), []).append(r)

@@ -50,11 +50,17 @@ def reward(prompt, completion, gold, steps, **ctx):
 def load_source(spec: str) -> str:
     """A rule's source from a ``.py`` file path or a dotted ``package.module`` path (the
     module's whole source: it must define ``reward``)."""
-    path = Path(spec).expanduser()
     if spec.endswith(".py"):
+        try:
+            path = Path(spec).expanduser()
+        except RuntimeError as exc:  # "~user/..." for a user that does not exist
+            raise FileNotFoundError(f"rule file {spec}: {exc}") from None
         if not path.is_file():
             raise FileNotFoundError(f"rule file {spec} does not exist")
         return path.read_text()
+    if not spec or not all(part.isidentifier() for part in spec.split(".")):
+        raise ValueError(f"{spec[:200]!r} is not a rule: give its source (defining `def reward(prompt, completion, "
+                         "gold, steps, **ctx)`), a .py file or a dotted module path like my_rules.short")
     try:
         module = importlib.import_module(spec)
     except ImportError as exc:
@@ -114,7 +120,7 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     Per-rollout failures are stored as a NULL ``total`` with the message and counted in the
     result. A spent budget, a killed worker or a cancel stores nothing.
     """
-    problems = check_source(source)
+    problems = _source_problems(source)
     if problems:
         raise RuleSourceError(problems)
     name = (name or "rule").strip().replace("@", "_")
@@ -135,17 +141,21 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     ex = sandbox.pool(limits)
     loop = asyncio.get_running_loop()
     futures = []
-    for task_name, part in rows.groupby("task", sort=False):
-        recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:])})
-                for r in part[cols].itertuples(index=False, name=None)]
-        for lo in range(0, len(recs), chunk):
-            futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_name,
-                                                                 recs[lo:lo + chunk], limits.call_s)))
     result = ApplyResult(vid, "running")
     rewards, steps = [], []
     done = 0
     try:
+        # submitting is inside the try: a worker the first chunk kills breaks the pool before the
+        # last chunk is submitted, and a broken pool must be dropped, not kept for the next apply
+        for task_name, part in rows.groupby("task", sort=False):
+            recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:])})
+                    for r in part[cols].itertuples(index=False, name=None)]
+            for lo in range(0, len(recs), chunk):
+                futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_name,
+                                                                     recs[lo:lo + chunk], limits.call_s)))
         for n, fut in futures:
+            waited = asyncio.wrap_future(fut, loop=loop)  # wrapped once: a wrapper left behind logs its error
+            waited.add_done_callback(_retrieved)
             while True:
                 remaining = limits.budget_s - (time.perf_counter() - t0)
                 if remaining <= 0:
@@ -153,10 +163,12 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
                                        f"{len(rows)} rollouts; nothing was stored")
                 if cancel is not None and cancel.is_set():
                     raise asyncio.CancelledError
-                finished, _ = await asyncio.wait({asyncio.wrap_future(fut, loop=loop)}, timeout=min(0.1, remaining))
+                finished, _ = await asyncio.wait({waited}, timeout=min(0.1, remaining))
                 if finished:
                     break
             out, st, errs = fut.result()
+            out = [(rid, comp, value, _clip(err)) for rid, comp, value, err in out]
+            errs = [(rid, _clip(msg)) for rid, msg in errs]
             rewards.extend(out)
             steps.extend(st)
             result.failed += len(errs)
@@ -183,6 +195,38 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     result.status, result.scored = "done", len(rows)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+MAX_ERROR_CHARS = 2000
+"""Longest per-rollout error message stored (a rule can raise with a message of any size)."""
+
+
+def _clip(msg: str | None) -> str | None:
+    if msg is None or len(msg) <= MAX_ERROR_CHARS:
+        return msg
+    return f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS:,} more characters)"
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a wrapped worker future's outcome as seen (a killed pool fails the futures left;
+    asyncio would log each as 'Future exception was never retrieved')."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _source_problems(source: str) -> list[sandbox.SourceProblem]:
+    """:func:`check_source`'s problems, and what only compiling finds (``return`` outside a
+    function, a duplicate argument, an unknown ``__future__`` feature...): compiling runs
+    nothing. A rule nested too deeply for the parser is a problem too, not a MemoryError."""
+    try:
+        problems = check_source(source)
+        if not problems:
+            compile(source, sandbox.RULE_FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return [sandbox.SourceProblem(exc.lineno or 1, max(0, (exc.offset or 1) - 1), exc.msg)]
+    except (MemoryError, RecursionError, ValueError):
+        return [sandbox.SourceProblem(1, 0, "the source is nested too deeply (or is too large) to parse")]
+    return problems
 
 
 def _write_version(store: Store, vid: str, name: str, source: str, note: str, rewards: list, steps: list) -> None:

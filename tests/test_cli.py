@@ -109,7 +109,7 @@ def test_import_then_export_pairs_and_html(work):
              {"input": "Q: 1+1=", "output": "1+1=3;A:3", "gts": "2", "score": 0.0, "step": 0}]
     (work / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{not json\n")
     refused = cli("import", "--db", "s.duckdb", "0.jsonl", "--format", "verl", cwd=work)
-    assert refused.returncode == 2 and "0.jsonl:3" in refused.stdout
+    assert refused.returncode == 2 and "0.jsonl:3" in refused.stderr  # bad input: said on stderr
     assert count(work / "s.duckdb", "SELECT count(*) FROM rollouts") == 512  # an aborted import leaves nothing
     out = cli("import", "--db", "s.duckdb", "0.jsonl", "--format", "verl", "--skip-bad", cwd=work)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -394,6 +394,49 @@ def test_fast_and_slow_paths_store_the_same_rows(tmp_path, monkeypatch):
         slow.close()
 
 
+@pytest.mark.parametrize("groups, dictionary, slice_rows, as_dict", [
+    (None, True, None, True),  # one row group: read as a dictionary
+    (3, True, 16, True),  # row groups of 3 rows, slices of 2: a dictionary per row group, slices within them
+    (3, True, None, False),  # row groups far smaller than a slice: read plainly, slices across them
+    (None, False, None, True),  # texts written without a dictionary: still read as one
+])
+def test_parquet_token_texts_read_as_a_dictionary_store_the_same_rows(tmp_path, monkeypatch, groups, dictionary,
+                                                                      slice_rows, as_dict):
+    """Parquet token texts are read dictionary-encoded and stored from the dictionary (and each token's
+    rollout id from the slice's ids): the rows equal a JSONL import of the same records, with a NULL
+    text in a list, a row without token lists and texts that occur once."""
+    rows = generic_rows(7)
+    rows[2]["toks"] = ["x", None, "y"]  # a NULL token text
+    rows[4].update(toks=None, lp=None, ent=None)  # no token fields at all
+    rows[5]["toks"] = [f"t{k}" for k in range(6)]  # texts that occur once
+
+    def stored(s):
+        return s.df("""SELECT ro.text, t.pos, t.token_text, t.logprob, t.entropy FROM tokens t
+                       JOIN rollouts ro USING (rollout_id) ORDER BY ro.text, t.pos""")
+
+    want = Store.open(":memory:")
+    import_run(want, write_jsonl(tmp_path / "d.jsonl", rows), "generic", mapping=GENERIC)
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, use_dictionary=dictionary, row_group_size=groups)
+    if slice_rows:
+        monkeypatch.setattr(im, "SLICE", slice_rows)
+    opened, real = [], pq.ParquetFile
+
+    def spy(*args, **kw):  # how the importer opens the file
+        opened.append(kw)
+        return real(*args, **kw)
+    monkeypatch.setattr(im.pq, "ParquetFile", spy)
+    got = Store.open(":memory:")
+    try:
+        rep = import_run(got, path, "generic", mapping=GENERIC)
+        assert rep.n_tokens == sum(len(r["toks"] or []) for r in rows)
+        assert any(k.get("read_dictionary") == ["toks.list.element"] for k in opened) == as_dict
+        pd.testing.assert_frame_equal(stored(got), stored(want))
+    finally:
+        got.close()
+        want.close()
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "parquet"])
 def test_slices_keep_groups_whole_and_tokens_in_order(tmp_path, monkeypatch, ext):
     rows = [{**r, "gid": f"g{i % 2}"} for i, r in enumerate(generic_rows(7))]  # groups interleaved over slices
@@ -560,8 +603,8 @@ def test_cli_imports_and_reports_bad_lines_with_exit_code_2(tmp_path, capsys):
     lines[1] = "not json"
     bad = write_jsonl(d / "1.jsonl", lines)
     assert im.main([str(d), "--db", str(db)]) == 2
-    out = capsys.readouterr().out
-    assert f"{bad}:2: not valid JSON" in out
+    err = capsys.readouterr().err  # refusals go to stderr, each bad line with its file and line
+    assert f"{bad}:2: not valid JSON" in err and "error:" in err
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts") == 0
     s.close()

@@ -1,9 +1,10 @@
 """Group view: every completion sampled for one prompt, side by side, with reward
 components and GRPO advantage, flagged when all rewards are equal (no learning signal).
 
-The grid is one HTML pane built from two queries (the group, then all its tokens), so
-switching groups stays cheap when many sessions browse at once; a selection change only
-re-draws the highlight from the cached group.
+The grid is one HTML pane built from the group scored from point reads (``queries.scored_group``,
+as the token strip's header is) and one read of its tokens, so switching groups stays cheap
+when many sessions browse at once; a selection change only moves the highlight in the cached
+cards.
 """
 from __future__ import annotations
 
@@ -83,41 +84,46 @@ class GroupView(pn.viewable.Viewer):
     @param.depends("state.group_id", "state.refresh", "state.estimator", "state.kl_beta", "state.reference",
                    "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
     def _render(self) -> None:
-        """Load the group (two queries) and draw it."""
+        """Load the group (scored from point reads, as the token strip's header is) and its tokens,
+        and draw it."""
         st = self.state
         self._cached = None
         self._cards = {}
         self._token_adv: dict = {}
+        cr = st.credit()
         try:
-            df = queries.group(st.store, st.group_id, st.rule_version or None, st.credit()) \
-                if st.group_id else pd.DataFrame()
-            toks = queries.tokens_of(st.store, df["rollout_id"].tolist()) if not df.empty else {}
+            scored = queries.scored_group(st.store, rule_version_id=st.rule_version or None, credit=cr,
+                                          group_id=st.group_id) if st.group_id else None
+            rows = scored.rows if scored is not None else []
+            toks = queries.tokens_of(st.store, [r["rollout_id"] for r in rows]) if rows else {}
+            if rows and ESTIMATORS[cr.estimator].level == "token":  # per-token values vary along each completion
+                for r in rows:
+                    self._token_adv[r["rollout_id"]] = credit.token_advantages(
+                        st.store, r["rollout_id"], cr, st.rule_version or None, scored).values
         except StoreError as exc:  # e.g. a query past its time limit: say so in place
             self._header.object, self._grid.object = banner("error", str(exc)), ""
             return
-        self._samples = {f"#{int(r.sample_idx)}": r.rollout_id for r in df.itertuples()} if not df.empty else {}
+        except ValueError as exc:  # an estimator setting that cannot be used: say which
+            self._header.object, self._grid.object = banner("error", str(exc)), ""
+            return
+        self._samples = {f"#{int(r['sample_idx'])}": r["rollout_id"] for r in rows}
         self.param.open_sample.objects = list(self._samples)
-        if not st.group_id or df.empty:
+        if not st.group_id or not rows:
             msg = "Select a rollout or a group to compare its completions." if not st.group_id else "This group has no rollouts."
             self._header.object, self._grid.object = f'<div class="empty">{esc(msg)}</div>', ""
             return
-        self._cached = (df, toks)
-        first = df.iloc[0]
-        gold = queries.prompt_of_row(first.to_dict()).gold.get("answer", "?")
-        rewards = df["reward"].astype(float)
-        n_ok = int((df["accuracy"] >= 1).sum())
+        self._cached = (rows, toks)
+        first = rows[0]
+        gold = queries.prompt_of_row(first).gold.get("answer", "?")
+        rewards = pd.Series([r["reward"] for r in rows], dtype=float)  # NaN: not scored (skipped below)
+        n_ok = sum(1 for r in rows if r["accuracy"] is not None and r["accuracy"] >= 1)
         head = (f'<div class="meta-line"><span>prompt <b>{esc(first["prompt"])}</b></span>'
-                f'<span>gold <b>{esc(gold)}</b></span><span><b>{len(df)}</b> completions</span>'
+                f'<span>gold <b>{esc(gold)}</b></span><span><b>{len(rows)}</b> completions</span>'
                 f'<span><b>{n_ok}</b> correct</span><span>mean reward <b>{rewards.mean():.3f}</b></span>'
-                f'<span>std <b>{rewards.std(ddof=1) if len(df) > 1 else 0:.3f}</b></span></div>')
-        if len(df) > 1 and rewards.max() - rewards.min() <= EQUAL_TOL:
-            head += banner("warn", f"All {len(df)} rewards are equal ({rewards.iloc[0]:.3f}): every group-relative "
+                f'<span>std <b>{rewards.std(ddof=1) if len(rows) > 1 else 0:.3f}</b></span></div>')
+        if len(rows) > 1 and rewards.max() - rewards.min() <= EQUAL_TOL:
+            head += banner("warn", f"All {len(rows)} rewards are equal ({rewards.iloc[0]:.3f}): every group-relative "
                                    "advantage is 0 and this group gives no learning signal.")
-        cr = st.credit()
-        self._token_adv = {}
-        if ESTIMATORS[cr.estimator].level == "token":  # per-token values vary along each completion
-            for rid in df["rollout_id"]:
-                self._token_adv[rid] = credit.token_advantages(st.store, rid, cr, st.rule_version or None).values
         self._header.object = head
         self._draw()
 
@@ -128,12 +134,11 @@ class GroupView(pn.viewable.Viewer):
         moves the highlight)."""
         if self._cached is None:
             return
-        df, toks = self._cached
+        rows, toks = self._cached
         st = self.state
         if st.channel not in self._cards:
-            comps = df.attrs.get("components", [])
-            self._cards[st.channel] = [(row["rollout_id"], self._card(row, toks.get(row["rollout_id"]), comps))
-                                       for _, row in df.iterrows()]
+            names = sorted({c for r in rows for c in r["components"] if c != "total"})
+            self._cards[st.channel] = [(r["rollout_id"], self._card(r, toks.get(r["rollout_id"]), names)) for r in rows]
         cards = [card.replace('<div class="group-card"', '<div class="group-card selected"', 1)
                  if rid == st.rollout_id else card for rid, card in self._cards[st.channel]]
         self._grid.object = f'<div class="grid">{"".join(cards)}</div>'
@@ -141,17 +146,19 @@ class GroupView(pn.viewable.Viewer):
         if current != self.open_sample:
             self.open_sample = current
 
-    def _card(self, row, toks: pd.DataFrame | None, components: list[str]) -> str:
+    def _card(self, row: dict, toks: pd.DataFrame | None, components: list[str]) -> str:
         st = self.state
         ok = row["accuracy"] is not None and row["accuracy"] >= 1
-        comps = "".join(f'<span>{esc(c)} <b>{row[c]:.2f}</b></span>' for c in components if row[c] is not None)
+        comps = "".join(f'<span>{esc(c)} <b>{row["components"][c]:.2f}</b></span>' for c in components
+                        if row["components"].get(c) is not None)
         adv = self._token_adv.get(row["rollout_id"], row["advantage"]) if self._token_adv else row["advantage"]
-        strip = strip_html(toks, st.channel, adv, None, step_verdicts(row.to_dict()), compact=True) \
+        strip = strip_html(toks, st.channel, adv, None, step_verdicts(row), compact=True) \
             if toks is not None else '<div class="empty">no tokens stored</div>'
+        reward = float("nan") if row["reward"] is None else row["reward"]
         return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}">'
                 f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
                 f'{"<b class=ok>✓</b>" if ok else "<b class=bad>✗</b>"}'
-                f'<span>reward <b>{row["reward"]:.3f}</b></span>'
+                f'<span>reward <b>{reward:.3f}</b></span>'
                 f'<span>adv {chip(row["advantage"], SCALES["advantage"])}</span></div>'
                 f'<div class="meta-line">{comps}</div>{strip}</div>')
 
