@@ -5,6 +5,8 @@ above the session's fork threshold) carry a small marker; clicking a token picks
 branching in the fork panel."""
 from __future__ import annotations
 
+import collections
+import functools
 import math
 from dataclasses import replace
 
@@ -34,6 +36,18 @@ def token_display(text: str) -> tuple[str, bool]:
     if text in SPECIAL_DISPLAY:
         return SPECIAL_DISPLAY[text], True
     return text, False
+
+
+@functools.lru_cache(maxsize=32)
+def _row_type(columns: tuple[str, ...]):
+    return collections.namedtuple("TokenRow", columns, rename=True)
+
+
+def rows_of(tokens: pd.DataFrame) -> list:
+    """The token rows as named tuples of plain values (``itertuples`` makes a new tuple class on
+    every call, a tenth of a strip's time)."""
+    make = _row_type(tuple(map(str, tokens.columns)))._make
+    return [make(r) for r in zip(*(tokens[c].tolist() for c in tokens.columns))]
 
 
 def text_of(row) -> str:
@@ -105,7 +119,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     rid = f' data-rollout="{esc(rollout_id)}"' if rollout_id else ""
     parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}"{rid}>']
     in_box = False
-    for i, row in enumerate(tokens.itertuples(index=False)):
+    for i, row in enumerate(rows_of(tokens)):
         if row.pos in opens and not in_box:
             parts.append(f'<span class="stepbox" data-step="{opens[row.pos]}"><span class="sbody">')
             in_box = True
