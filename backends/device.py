@@ -32,3 +32,17 @@ def cpu_threads(reserve: int = 1, cap: int = 4) -> int:
     if forced:
         return max(1, int(forced))
     return max(1, min(cap, (os.cpu_count() or 1) - reserve))
+
+
+def yield_to_server() -> None:
+    """Run this worker process (sampling, scoring, training, user rules) below the server's
+    priority, so that when the cores are contended pages are answered first and background work
+    waits its turn; a Generate or mini-run then never makes browsing slow. Children (a mini-run's
+    sampler) inherit it. ``ROLLOUT_STUDIO_WORKER_NICE`` sets the niceness added (default 10; 0
+    leaves workers at the server's priority)."""
+    step = int(os.environ.get("ROLLOUT_STUDIO_WORKER_NICE", "10") or 0)
+    if step > 0 and hasattr(os, "nice"):
+        try:
+            os.nice(step)
+        except OSError:  # not permitted here: run at the same priority
+            pass

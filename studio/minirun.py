@@ -220,8 +220,11 @@ def start(store: Store, cfg: MiniRunConfig, name: str | None = None, task: str =
 
 
 def _worker_entry(*args) -> None:
+    from backends.device import yield_to_server
+
     from .training import train_worker
 
+    yield_to_server()  # training waits for pages, not pages for training
     train_worker(*args)
 
 

@@ -152,10 +152,13 @@ def kill_pools() -> None:
 def _init_worker(memory_mb: int) -> None:
     import resource
 
+    from backends.device import yield_to_server
+
     from .workers import _exit_with_parent
 
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    yield_to_server()
     _exit_with_parent()
 
 

@@ -21,9 +21,10 @@ def _init_worker() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from backends.device import cpu_threads
+    from backends.device import cpu_threads, yield_to_server
 
     torch.set_num_threads(cpu_threads())  # one core stays with the server
+    yield_to_server()  # and the server goes first when the cores are contended
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle, not a traceback per worker
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in a notebook cell or a CLI's output
     _exit_with_parent()
