@@ -214,11 +214,17 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
 
     def view(i: int):
-        """Tab ``i``'s view, built (and put in its tab) on first use."""
+        """Tab ``i``'s view, built, drawn and put in its tab on first use."""
         if i not in built:
+            v = specs[i][1]()
+            if "shown" in v.param:
+                # drawn before its models exist, so they are made with what it shows: a change sent
+                # right behind them would reach widgets the browser has not built yet (BokehJS
+                # builds views asynchronously) and fail there
+                v.shown = True
             with pn.io.hold(freeze=True):  # its models reach the page in one message
-                built[i] = specs[i][1]()
-                tabs[i] = (specs[i][0], built[i])
+                built[i] = v
+                tabs[i] = (specs[i][0], v)
         return built[i]
 
     def on_tab(event) -> None:

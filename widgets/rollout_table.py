@@ -127,7 +127,8 @@ class RolloutTable(pn.viewable.Viewer):
         if self._updating_choices:
             return
         f = self.current_filter()
-        self.state.table_filter = f
+        if f != self.state.table_filter:  # param calls an equal new filter a change: views would redraw for nothing
+            self.state.table_filter = f
         try:
             df = queries.rollout_table(self.state.store, f, self.state.rule_version or None,
                                        self.state.credit()).reindex(columns=COLUMNS)
