@@ -122,7 +122,7 @@ async def reader(url: str, index: int, seconds: float, latencies: list, errors: 
             started = time.perf_counter()
             await s.event("selection-change", table, indices=[k], selected=True, flush=True)
             try:
-                arrived = await s.wait_for(lambda: shown_rollout(s, strip) == want, UPDATE_TIMEOUT_S)
+                arrived = await s.wait_for(lambda want=want: shown_rollout(s, strip) == want, UPDATE_TIMEOUT_S)
                 latencies.append((arrived - started) * 1000)
             except asyncio.TimeoutError:
                 errors.append(f"session {index}: row {k} ({want}) not shown within {UPDATE_TIMEOUT_S:.0f} s"
@@ -155,7 +155,7 @@ async def writer(url: str, ready: Ready, stop: asyncio.Event, stored: list, erro
             before = text()
             await s.event("button_click", button)
             try:  # the status moves on from the last outcome (which may read the same), then settles
-                await s.wait_for(lambda: text() != before, 30)
+                await s.wait_for(lambda before=before: text() != before, 30)
                 await s.wait_for(lambda: re.search(r"done:|failed|error", text()), 120)
             except asyncio.TimeoutError:
                 errors.append("writer: a Generate did not finish within 120 s")

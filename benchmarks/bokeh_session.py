@@ -19,7 +19,8 @@ import json
 import re
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient
 from tornado.websocket import websocket_connect
