@@ -195,7 +195,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         panel.on_retrain = retrain
         return panel
 
-    # views with ``shown`` are made hidden and drawn when their tab shows them (``on_tab``)
+    # views with ``shown`` are made hidden; ``view`` draws one as its tab first opens, ``on_tab`` hides
+    # the others (a hidden view waits, stale, until it is shown again)
     specs = [("Group view", lambda: GroupView(state=state)),
              ("Entropy landscape", lambda: EntropyLandscape(state=state, shown=False)),
              ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code, shown=False)),
@@ -236,6 +237,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
             built[IMPORT].fill()
 
     tabs.param.watch(on_tab, "active")
+
     def tail_refresh() -> None:  # a watched folder grew: every view reloads
         state.refresh += 1
         if tabs.active == IMPORT:

@@ -9,9 +9,7 @@ import contextlib
 import gc
 import io
 import logging
-import re
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
