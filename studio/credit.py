@@ -250,6 +250,7 @@ class RolloutView:
     tokens: pd.DataFrame  # queries.tokens
     credit: TokenCredit  # per-token advantages under the view's estimator
     steps: pd.DataFrame  # steps_of under the view's segmentation
+    group: queries.ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
 
 
 def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
@@ -266,7 +267,7 @@ def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id:
     if ro is None:
         return None
     tc = token_advantages(store, rollout_id, credit, rule_version_id, scored)
-    return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks))
+    return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks), scored)
 
 
 # ---------------------------------------------------------------------------- step rewards

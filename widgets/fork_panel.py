@@ -200,6 +200,8 @@ class ForkPanel(pn.viewable.Viewer):
                                                  "studio's admins."), stylesheets=[CSS], sizing_mode="stretch_width")]
         self._form = pn.Column(*parts, visible=False, sizing_mode="stretch_width")
         self._layout = pn.Column(self._head, self._form, self._tree, sizing_mode="stretch_width")
+        state = self.state
+        state.add_preloader(lambda rid, gid, found, fresh: found.update({("lineage", rid): forks.lineage(state.store, rid)}))
         self._render_pick()
         self._render_tree()
 
@@ -316,7 +318,8 @@ class ForkPanel(pn.viewable.Viewer):
             self._tree.object = ""
             return
         try:
-            if forks.lineage(st.store, st.rollout_id) == (None, 0):  # most rollouts: one read, not the tree's four
+            lineage = st.preloaded(("lineage", st.rollout_id), lambda: forks.lineage(st.store, st.rollout_id))
+            if lineage == (None, 0):  # most rollouts: one read, not the tree's four
                 self._tree.object = lone_tree_html(st.rollout_id)
                 return
             tdf = forks.tree(st.store, st.rollout_id)

@@ -273,8 +273,7 @@ class GeneratePanel(pn.viewable.Viewer):
                     self._status.object = banner("info" if also.startswith("also") else "warn",
                                                  f"{result.status}: {result.rollouts} rollouts stored{where}; {also}.")
         if result.rollouts:  # one batch: views that depend on both reload once, in one message to the page
-            with pn.io.hold():
-                self.state.param.update(refresh=self.state.refresh + 1, group_id=result.group_ids[0])
+            await self.state.stored(group_id=result.group_ids[0])
 
     def __panel__(self):
         return self._layout

@@ -49,16 +49,14 @@ class GroupView(pn.viewable.Viewer):
                                   css_classes=["group-grid"])
         self._layout = pn.Column(pn.Row(self._picker, self._opener), self._header, self._grid,
                                  sizing_mode="stretch_width")
+        self.state.add_preloader(self._preload)
         self._refresh_choices()
         self._render()
 
     @param.depends("state.refresh", watch=True)
     def _refresh_choices(self) -> None:
-        gs = queries.groups(self.state.store, rule_version_id=self.state.rule_version or None)
-        self._labels = {}
-        for g in gs.itertuples():
-            flag = " · all equal" if g.all_equal else ""
-            self._labels[f"{g.prompt} · {g.run} · {g.size}×{flag} [{g.group_id[-6:]}]"] = g.group_id
+        rv = self.state.rule_version or None
+        self._labels = self.state.preloaded(("groups", rv), lambda: self._groups(rv))
         self.param.group.objects = [""] + list(self._labels)
         self._sync_from_state()
 
@@ -81,6 +79,46 @@ class GroupView(pn.viewable.Viewer):
             with pn.io.hold():
                 self.state.rollout_id = rid
 
+    def _group_key(self, group_id: str) -> tuple:
+        st = self.state
+        return ("group", group_id, st.credit(), st.rule_version or None)
+
+    def _load(self, key: tuple, scored: queries.ScoredGroup | None = None) -> tuple[list[dict], dict, dict]:
+        """The group's rows (scored), tokens and per-token advantages (token-level estimators only):
+        store reads only, so it can run on a thread (:meth:`_preload`)."""
+        _, group_id, cr, rule_version = key
+        st = self.state
+        if not group_id:
+            return [], {}, {}
+        if scored is None:
+            scored = queries.scored_group(st.store, rule_version_id=rule_version, credit=cr, group_id=group_id)
+        rows = scored.rows
+        toks = queries.tokens_of(st.store, [r["rollout_id"] for r in rows]) if rows else {}
+        adv = {}
+        if rows and ESTIMATORS[cr.estimator].level == "token":  # per-token values vary along each completion
+            adv = {r["rollout_id"]: credit.token_advantages(st.store, r["rollout_id"], cr, rule_version, scored).values
+                   for r in rows}
+        return rows, toks, adv
+
+    def _preload(self, rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
+        """Read ahead a newly selected group (on a thread: see StudioState.select), from the scored
+        group the token strip's preloader read when it is this one; after new rows, the picker's
+        groups too."""
+        if fresh:
+            found[("groups", self.state.rule_version or None)] = self._groups(self.state.rule_version or None)
+        elif group_id == self.state.group_id:  # the same group: only the highlight moves
+            return
+        key = self._group_key(group_id)
+        found[key] = self._load(key, found.get(("scored_group",) + key[1:]))
+
+    def _groups(self, rule_version: str | None) -> dict[str, str]:
+        """The picker's labels of every group -> group id."""
+        labels = {}
+        for g in queries.groups(self.state.store, rule_version_id=rule_version).itertuples():
+            flag = " · all equal" if g.all_equal else ""
+            labels[f"{g.prompt} · {g.run} · {g.size}×{flag} [{g.group_id[-6:]}]"] = g.group_id
+        return labels
+
     @param.depends("state.group_id", "state.refresh", "state.estimator", "state.kl_beta", "state.reference",
                    "state.gae_gamma", "state.gae_lam", "state.value_source", "state.rule_version", watch=True)
     def _render(self) -> None:
@@ -89,17 +127,9 @@ class GroupView(pn.viewable.Viewer):
         st = self.state
         self._cached = None
         self._cards = {}
-        self._token_adv: dict = {}
-        cr = st.credit()
+        key = self._group_key(st.group_id)
         try:
-            scored = queries.scored_group(st.store, rule_version_id=st.rule_version or None, credit=cr,
-                                          group_id=st.group_id) if st.group_id else None
-            rows = scored.rows if scored is not None else []
-            toks = queries.tokens_of(st.store, [r["rollout_id"] for r in rows]) if rows else {}
-            if rows and ESTIMATORS[cr.estimator].level == "token":  # per-token values vary along each completion
-                for r in rows:
-                    self._token_adv[r["rollout_id"]] = credit.token_advantages(
-                        st.store, r["rollout_id"], cr, st.rule_version or None, scored).values
+            rows, toks, self._token_adv = st.preloaded(key, lambda: self._load(key))
         except StoreError as exc:  # e.g. a query past its time limit: say so in place
             self._header.object, self._grid.object = banner("error", str(exc)), ""
             return

@@ -67,6 +67,7 @@ class RolloutTable(pn.viewable.Viewer):
         )
         self._layout = pn.Column(self._count, self._table, sizing_mode="stretch_width")
         self._updating_choices = False
+        self.state.add_preloader(self._preload)
         self._refresh_choices()
 
     @param.depends("state.refresh", watch=True)
@@ -80,15 +81,31 @@ class RolloutTable(pn.viewable.Viewer):
             self._updating_choices = False
         self._reload()
 
+    def _preload(self, rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
+        """After new rows (on a thread: see StudioState.stored): the run choices, reward bounds,
+        the table's rows under its filter and the store's count."""
+        if not fresh:
+            return
+        st = self.state
+        found[("runs",)] = queries.runs(st.store)
+        found[("reward_bounds",)] = queries.reward_bounds(st.store)
+        key = self._rows_key(self.current_filter())
+        found[key] = queries.rollout_table(st.store, *key[1:])
+        found[("rollout_count",)] = queries.rollout_count(st.store)
+
+    def _rows_key(self, f: queries.RolloutFilter) -> tuple:
+        return ("rollout_table", f, self.state.rule_version or None, self.state.credit())
+
     def _update_choices(self) -> None:
-        runs = queries.runs(self.state.store)
+        st = self.state
+        runs = st.preloaded(("runs",), lambda: queries.runs(st.store))
         current = self._run_ids.get(self.run)
         # the id suffix keeps two runs with the same name and size apart
         self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
         self.param.run.objects = [ALL_RUNS, *self._run_ids]
         # the picked run stays picked when its count (in its label) grows: a tailed or running import
         self.run = next((k for k, v in self._run_ids.items() if v == current), ALL_RUNS)
-        lo, hi = queries.reward_bounds(self.state.store)
+        lo, hi = st.preloaded(("reward_bounds",), lambda: queries.reward_bounds(st.store))
         lo, hi = min(lo, 0.0), max(hi, lo + 0.1)
         at_bounds = tuple(self.reward_range) == tuple(self.param.reward_range.bounds)
         # the widget's own limits first: it checks a new value against them (a rule can make
@@ -129,16 +146,17 @@ class RolloutTable(pn.viewable.Viewer):
         f = self.current_filter()
         if f != self.state.table_filter:  # param calls an equal new filter a change: views would redraw for nothing
             self.state.table_filter = f
+        key = self._rows_key(f)
         try:
-            df = queries.rollout_table(self.state.store, f, self.state.rule_version or None,
-                                       self.state.credit()).reindex(columns=COLUMNS)
+            df = self.state.preloaded(key, lambda: queries.rollout_table(self.state.store, *key[1:]))
+            df = df.reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return
         df["correct"] = df["correct"].fillna(False).astype(bool)
         df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
         self._table.value = df
-        total = queries.rollout_count(self.state.store)
+        total = self.state.preloaded(("rollout_count",), lambda: queries.rollout_count(self.state.store))
         capped = " (first rows only: narrow the filter)" if len(df) >= f.limit else ""
         self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{len(df):,}</b> of '
                               f'{total:,} rollouts match{esc(capped)}</span>')
@@ -147,8 +165,7 @@ class RolloutTable(pn.viewable.Viewer):
         if not event.new:
             return
         row = self._table.value.iloc[event.new[0]]
-        with pn.io.hold():  # every view's update reaches the page as one message
-            self.state.param.update(rollout_id=row["rollout_id"], group_id=row["group_id"])
+        self.state.select(row["rollout_id"], row["group_id"])
 
     def __panel__(self):
         return self._layout

@@ -2,9 +2,22 @@
 
 Views depend on these parameters; changing one (selecting a row, picking a channel,
 finishing a Generate) re-renders exactly the views that show it.
+
+A click on a rollout in a served page reads first, then shows (:meth:`StudioState.select`):
+each view registers a *preloader* that does its store reads for the new selection on a
+thread, and its redraw then finds them (:meth:`StudioState.preloaded`). The event loop, which
+serves every open page of the process, meanwhile answers other sessions: DuckDB lets go of
+the GIL while it reads.
 """
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import panel as pn
 import param
 
 from studio.advantages import ESTIMATORS, Credit
@@ -14,6 +27,11 @@ from studio import queries
 from studio.queries import RolloutFilter
 from studio.store import Store
 from widgets.style import CHANNELS
+
+
+# The threads every session's selections read on (two: more only take turns at the GIL, and
+# each turn the event loop waits for is a wait every open page feels).
+_PRELOAD = ThreadPoolExecutor(max_workers=2, thread_name_prefix="studio-preload")
 
 
 class StudioState(param.Parameterized):
@@ -53,6 +71,63 @@ class StudioState(param.Parameterized):
     step_agg = param.Selector(default="min", objects=list(AGGREGATES), doc="Step rewards → outcome.")
     gate_tau = param.Number(default=1.0, bounds=(-10.0, 10.0), step=0.05,
                             doc="Gated accumulation: step rewards count only when the outcome ≥ τ.")
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._preloaders: list[Callable[[str, str, dict], None]] = []
+        self._preloaded: dict[Hashable, Any] = {}
+        self._selecting: object | None = None
+
+    def add_preloader(self, fn: Callable[[str, str, dict, bool], None]) -> None:
+        """Register ``fn(rollout_id, group_id, found, fresh)``: it puts into ``found`` what its view
+        will read when that rollout and group are shown (``fresh``: after new rows were stored, when
+        every view reads again), under the keys the view asks :meth:`preloaded` for. It runs on a
+        thread: store reads and pure computation only, no widget changes."""
+        self._preloaders.append(fn)
+
+    def preloaded(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """What a preloader read under ``key`` for the update being shown, else ``compute()``."""
+        return self._preloaded[key] if key in self._preloaded else compute()
+
+    def select(self, rollout_id: str, group_id: str) -> None:
+        """Show ``rollout_id`` and its group ``group_id`` (a click in the rollout table). In a
+        served page the views' reads run on a thread first and the views then redraw from them, in
+        one message; a later click replaces one still reading. Elsewhere (a notebook, a test), at once."""
+        doc = pn.state.curdoc
+        if doc is None or doc.session_context is None:
+            with pn.io.hold():
+                self.param.update(rollout_id=rollout_id, group_id=group_id)
+            return
+        self._selecting = ticket = object()
+        pn.state.execute(partial(self._apply, {"rollout_id": rollout_id, "group_id": group_id}, ticket))
+
+    async def stored(self, **changes) -> None:
+        """New rows are stored: bump ``refresh`` (with ``changes``, e.g. the group to show), every
+        view's reads first run on a thread, then every view redraws, in one message."""
+        await self._apply({"refresh": None, **changes}, None)
+
+    async def _apply(self, changes: dict, ticket: object | None) -> None:
+        rollout_id, group_id = changes.get("rollout_id", self.rollout_id), changes.get("group_id", self.group_id)
+        fresh = "refresh" in changes
+        found: dict[Hashable, Any] = {}
+
+        def read() -> None:
+            for preload in list(self._preloaders):
+                try:
+                    preload(rollout_id, group_id, found, fresh)
+                except Exception:  # noqa: BLE001 - the view reads again as it redraws and shows the error in place
+                    pass
+        await asyncio.get_running_loop().run_in_executor(_PRELOAD, read)
+        if ticket is not None and self._selecting is not ticket:  # a later click: its reads are under way
+            return
+        if fresh:
+            changes["refresh"] = self.refresh + 1
+        self._preloaded = found
+        try:
+            with pn.io.hold():  # every view's update reaches the page as one message
+                self.param.update(**changes)
+        finally:
+            self._preloaded = {}
 
     def credit(self) -> Credit:
         return Credit(estimator=self.estimator, beta=float(self.kl_beta), reference=self.reference or None,

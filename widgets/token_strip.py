@@ -76,19 +76,39 @@ def channel_values(tokens: pd.DataFrame, channel: str, advantage,
     stored completion token is in the loss and the entropy mask keeps tokens at or above
     ``fork_threshold``.
     """
-    n = len(tokens)
+    return _channel_values(tokens[channel].tolist() if channel in tokens.columns else None,
+                           tokens["entropy"].tolist(), channel, advantage, fork_threshold)
+
+
+def _channel_values(column: list | None, entropy: list, channel: str, advantage,
+                    fork_threshold: float | None) -> list[float | None]:
+    """:func:`channel_values` from the token columns as lists (``column``: the channel's own)."""
+    n = len(entropy)
     if advantage is None or (np.ndim(advantage) == 0 and pd.isna(advantage)):
         adv = None
     else:
-        adv = np.broadcast_to(np.asarray(advantage, dtype=np.float64), (n,))
+        adv = np.broadcast_to(np.asarray(advantage, dtype=np.float64), (n,)).tolist()
     if channel == "advantage":
-        return [None] * n if adv is None else [float(a) for a in adv]
+        return [None] * n if adv is None else adv
     if channel == "weight":
         if adv is None or fork_threshold is None:
             return [None] * n
-        mask = forks.fork_mask(tokens["entropy"].fillna(-1.0).to_numpy(), fork_threshold)
-        return [float(a) if m else 0.0 for a, m in zip(adv, mask)]
-    return [None if pd.isna(v) else float(v) for v in tokens[channel]]
+        mask = _fork_mask(entropy, fork_threshold)
+        return [a if m else 0.0 for a, m in zip(adv, mask)]
+    return [None if _missing(v) else float(v) for v in column]
+
+
+def _missing(x) -> bool:
+    """NULL, NA or NaN (a column as a list holds whichever its dtype uses)."""
+    return x is None or x is pd.NA or x != x
+
+
+def _fork_mask(entropy: list, threshold: float | None) -> list[bool]:
+    """:func:`forks.fork_mask` of an entropy column as a list (a missing entropy is never a fork)."""
+    if threshold is None or not entropy:
+        return [False] * len(entropy)
+    e = np.array([-1.0 if _missing(x) else x for x in entropy], dtype=np.float64)
+    return forks.fork_mask(e, threshold).tolist()
 
 
 def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
@@ -106,41 +126,47 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     with ``step_advantages``, a second bar with the step's group-normalised advantage.
     """
     scale = SCALES[channel]
-    values = channel_values(tokens, channel, advantage, fork_threshold)
-    is_fork = (forks.fork_mask(tokens["entropy"].fillna(-1.0).to_numpy(), fork_threshold)
-               if fork_threshold is not None and len(tokens) else [False] * len(tokens))
+    rows = rows_of(tokens)  # every column read once: a DataFrame column costs more than a small strip's HTML
+    entropy = [r.entropy for r in rows]
+    column = [getattr(r, channel) for r in rows] if channel in tokens.columns else None
+    values = _channel_values(column, entropy, channel, advantage, fork_threshold)
+    is_fork = _fork_mask(entropy, fork_threshold)
     step_ok = step_ok or {}
     opens, closes = {}, {}
     if steps is not None and len(steps):
-        for k, a, b in steps[["step_idx", "start_pos", "end_pos"]].itertuples(index=False):
+        for k, a, b in zip(steps["step_idx"].tolist(), steps["start_pos"].tolist(), steps["end_pos"].tolist()):
             if int(a) not in opens and int(b) not in closes and int(a) <= int(b):
                 opens[int(a)], closes[int(b)] = int(k), int(k)
     step_values = step_values or {}
     rid = f' data-rollout="{esc(rollout_id)}"' if rollout_id else ""
     parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}"{rid}>']
     in_box = False
-    for i, row in enumerate(rows_of(tokens)):
+    colors: dict = {}  # value -> (background, text colour): a strip repeats its values (a sequence advantage: one)
+    for i, row in enumerate(rows):
         if row.pos in opens and not in_box:
             parts.append(f'<span class="stepbox" data-step="{opens[row.pos]}"><span class="sbody">')
             in_box = True
-        shown, special = token_display(text_of(row))
+        text = text_of(row)
+        shown, special = token_display(text)
         v = values[i]
-        cls = ["tok"]
+        cls = "tok"
         if special:
-            cls.append("special")
-        step = None if pd.isna(row.step_idx) else int(row.step_idx)
+            cls += " special"
+        step = None if _missing(row.step_idx) else int(row.step_idx)
         if step is not None and step_ok.get(step) is not None:
-            cls.append("step-ok" if step_ok[step] else "step-bad")
+            cls += " step-ok" if step_ok[step] else " step-bad"
         if is_fork[i]:
-            cls.append("fork")
+            cls += " fork"
         if picked is not None and row.pos == picked:
-            cls.append("picked")
-        style = f"background:{scale.color(v)};color:{scale.text_color(v) if not special else '#868e96'}"
-        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, bool(is_fork[i]))
+            cls += " picked"
+        if v not in colors:
+            colors[v] = (scale.color(v), scale.text_color(v))
+        bg, fg = colors[v]
+        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i])
         vtxt = "" if v is None else f"{v:.4f}"
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
-        parts.append(f'<span class="{" ".join(cls)}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
-                     f'style="{style}">{esc(shown)}{card}</span>')
+        parts.append(f'<span class="{cls}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
+                     f'style="background:{bg};color:{fg if not special else "#868e96"}">{esc(shown)}{card}</span>')
         if in_box and row.pos in closes:
             k = closes[row.pos]
             sv = step_values.get(k)
@@ -158,7 +184,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                         f'{num(sa, "+.2f")}</span>')
             parts.append(f"</span>{bar if step_values else ''}{abar}</span>")
             in_box = False
-        if text_of(row) == "\n":
+        if text == "\n":
             parts.append("<br>")
     if in_box:
         parts.append("</span></span>")
@@ -184,8 +210,8 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
              ("entropy", f"{num(row.entropy)} nats", channel == "entropy")]
     if channel in ("advantage", "weight"):
         stats.append((channel, "–" if value is None else num(value, "+.3f"), True))
-    lines = "".join(f'<span class="c-row"><span class="c-k">{esc(k)}</span>{"<b>" if bold else "<span>"}{esc(v)}'
-                    f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)
+    lines = "".join(f'<span class="c-row"><span class="c-k">{k}</span>{"<b>" if bold else "<span>"}{esc(v)}'
+                    f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)  # keys: fixed, safe text
     return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}</span>'
             f'<span class="c-k">{esc(where)}</span></span>{lines}'
             f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
@@ -218,7 +244,25 @@ class TokenStrip(pn.viewable.Viewer):
         self._strip.on_click(self._on_click)
         self._thresholds: dict[tuple, forks.Threshold] = {}
         self._layout = pn.Column(self._header, self._legend, self._strip, sizing_mode="stretch_width")
+        self.state.add_preloader(self._preload)
         self._render()
+
+    def _view_key(self, rollout_id: str) -> tuple:
+        st = self.state
+        return ("rollout_view", rollout_id, st.credit(), st.rule_version or None, st.segmentation())
+
+    def _preload(self, rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
+        """Read ahead what :meth:`_show` reads for ``rollout_id`` (on a thread: see StudioState.select),
+        and its group as scored for the header, which the group view draws from."""
+        key = self._view_key(rollout_id)
+        view = credit.rollout_view(self.state.store, *key[1:])
+        found[key] = view
+        if view is not None:
+            found[("scored_group", view.group.group_id, key[2], key[3])] = view.group
+            tkey = self._threshold_key(view.rollout, self.state.refresh + fresh)  # new rows: a new quantile
+            if tkey not in self._thresholds:  # a run (or scope) not seen yet: its quantile over the run's tokens
+                found[("threshold", tkey)] = forks.threshold(self.state.store, tkey[0], rollout_id,
+                                                             self.state.table_filter)
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "token" and value.isdigit():
@@ -241,16 +285,21 @@ class TokenStrip(pn.viewable.Viewer):
         except ValueError as exc:  # a bad segmentation pattern or estimator setting: say which
             self._header.object, self._strip.object = banner("error", str(exc)), ""
 
+    def _threshold_key(self, ro: dict, refresh: int | None = None) -> tuple:
+        st = self.state
+        rule = st.fork_rule()
+        return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
+                st.table_filter if rule.scope == "filter" else None, st.refresh if refresh is None else refresh)
+
     def threshold(self, ro: dict) -> forks.Threshold:
         """The fork threshold for this rollout's scope (cached per scope, rule and refresh)."""
         st = self.state
-        rule = st.fork_rule()
-        key = (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
-               st.table_filter if rule.scope == "filter" else None, st.refresh)
+        key = self._threshold_key(ro)
         if key not in self._thresholds:
             if len(self._thresholds) > 64:
                 self._thresholds.clear()
-            self._thresholds[key] = forks.threshold(st.store, rule, ro["rollout_id"], st.table_filter)
+            self._thresholds[key] = st.preloaded(
+                ("threshold", key), lambda: forks.threshold(st.store, key[0], ro["rollout_id"], st.table_filter))
         return self._thresholds[key]
 
     def _show(self) -> None:
@@ -262,7 +311,8 @@ class TokenStrip(pn.viewable.Viewer):
             return
         cr = st.credit()
         # the header, tokens, per-token advantages and steps: the group scored once, the tokens read once
-        view = credit.rollout_view(st.store, st.rollout_id, cr, st.rule_version or None, st.segmentation())
+        key = self._view_key(st.rollout_id)
+        view = st.preloaded(key, lambda: credit.rollout_view(st.store, *key[1:]))
         if view is None:
             self._legend.object = SCALES[st.channel].legend_html()
             self._header.object = f'<div class="empty">Rollout {esc(st.rollout_id)} is not in this store.</div>'
