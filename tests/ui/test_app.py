@@ -109,6 +109,26 @@ def test_selecting_a_row_shows_its_tokens(page):
         assert strip_text(page) == completions[n]
 
 
+def test_quick_clicks_end_on_the_last_row_in_every_view(page):
+    """Rows clicked faster than a click's reads take (they run on a thread before the views redraw):
+    the strip and the group view end on the last row clicked, and stay there (a later click
+    replaces one still reading; none lands after it)."""
+    completions = page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
+    rows = [0, 9, 17]  # rows of different groups (groups of 8 completions)
+    last = next(i for i in range(1, len(completions)) if i not in rows and completions.count(completions[i]) == 1)
+    for n in [*rows, last]:
+        page.locator(".tabulator-row").nth(n).click()
+    deadline = time.time() + 20
+    while strip_text(page) != completions[last] and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert strip_text(page) == completions[last]
+    page.wait_for_timeout(1500)  # an earlier click still in flight would land by now
+    assert strip_text(page) == completions[last]
+    shown = page.locator(".token-strip .strip").get_attribute("data-rollout")
+    page.wait_for_selector(f'.group-card.selected[data-rollout="{shown}"]', timeout=10_000)
+    assert page.locator(".group-card.selected").count() == 1
+
+
 def test_switching_the_channel_recolours_the_strip(page):
     open_row(page, 1)
     before = strip_colours(page)
