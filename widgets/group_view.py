@@ -105,7 +105,8 @@ class GroupView(pn.viewable.Viewer):
         group the token strip's preloader read when it is this one; after new rows, the picker's
         groups too."""
         if fresh:
-            found[("groups", self.state.rule_version or None)] = self._groups(self.state.rule_version or None)
+            rv = self.state.rule_version or None
+            found[("groups", rv)] = self._groups(rv)
         elif group_id == self.state.group_id:  # the same group: only the highlight moves
             return
         key = self._group_key(group_id)

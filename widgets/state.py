@@ -74,7 +74,7 @@ class StudioState(param.Parameterized):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._preloaders: list[Callable[[str, str, dict], None]] = []
+        self._preloaders: list[Callable[[str, str, dict, bool], None]] = []
         self._preloaded: dict[Hashable, Any] = {}
         self._selecting: object | None = None
 
