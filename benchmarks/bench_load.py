@@ -4,7 +4,9 @@ Run: ``python benchmarks/bench_load.py`` (about 3 minutes on a 2-core CPU).
 
 Starts ``launch.py`` on a fresh store on a free loopback port. At each level, N sessions
 open the page one after another (0.5 s apart, as people arrive) and, once all are open,
-each opens a different rollout about once a second (a person's pace) for ``--seconds``:
+each opens a different rollout about once a second (a person's pace: every 0.5 to 1.5 s,
+drawn per click from a seeded generator, and the sessions' first clicks spread over the first
+second, as people who do not click in step) for ``--seconds``:
 it clicks a row of the rollout table and the clock stops when the token strip of *that*
 rollout arrives (its ``data-rollout``). Meanwhile one more session, the writer, presses
 Generate again and again (4 new prompts x 8 completions each time: the worker samples, the
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -95,7 +98,7 @@ def shown_rollout(s: BokehSession, strip: str) -> str | None:
     return m.group(1) if m else None
 
 
-async def reader(url: str, index: int, seconds: float, latencies: list, errors: list, ready: Ready,
+async def reader(url: str, index: int, n: int, seconds: float, latencies: list, errors: list, ready: Ready,
                  opens: list) -> None:
     s = BokehSession(url)
     try:
@@ -112,6 +115,8 @@ async def reader(url: str, index: int, seconds: float, latencies: list, errors: 
         finally:
             ready.settle()
         await ready.event.wait()  # measure steady browsing, not N page loads at once
+        await asyncio.sleep(index / n)  # people do not click in step: first clicks over one second
+        pace = random.Random(index)  # the same intervals in every run
         k, end = index, time.perf_counter() + seconds
         while time.perf_counter() < end:
             ids = s.attr(s.ref(table, "source"), "data")["rollout_id"]  # the page of rows shown now
@@ -120,6 +125,9 @@ async def reader(url: str, index: int, seconds: float, latencies: list, errors: 
                 k = (k + 1) % len(ids)
             want = ids[k]
             started = time.perf_counter()
+            # what Panel's Tabulator sends for a click on a table holding its rows (not paged by
+            # Panel): the selection model's indices, then the selection event
+            await s.change(s.ref(s.ref(table, "source"), "selected"), "indices", [k])
             await s.event("selection-change", table, indices=[k], selected=True, flush=True)
             try:
                 arrived = await s.wait_for(lambda want=want: shown_rollout(s, strip) == want, UPDATE_TIMEOUT_S)
@@ -127,7 +135,7 @@ async def reader(url: str, index: int, seconds: float, latencies: list, errors: 
             except asyncio.TimeoutError:
                 errors.append(f"session {index}: row {k} ({want}) not shown within {UPDATE_TIMEOUT_S:.0f} s"
                               f" (showing {shown_rollout(s, strip)})")
-            await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - started)))  # about once a second
+            await asyncio.sleep(max(0.0, pace.uniform(0.5, 1.5) - (time.perf_counter() - started)))
         errors.extend(f"session {index}: {e}" for e in s.errors)
     finally:
         await s.close()
@@ -176,7 +184,7 @@ async def level(url: str, n: int, seconds: float, with_writer: bool) -> tuple[li
     errors: list[str] = []
     stored: list[int] = []
     ready, stop = Ready(n + with_writer), asyncio.Event()
-    readers = [asyncio.create_task(reader(url, i, seconds, latencies, errors, ready, opens)) for i in range(n)]
+    readers = [asyncio.create_task(reader(url, i, n, seconds, latencies, errors, ready, opens)) for i in range(n)]
     write = asyncio.create_task(writer(url, ready, stop, stored, errors)) if with_writer else None
     await asyncio.gather(*readers)
     stop.set()

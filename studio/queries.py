@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -228,9 +228,16 @@ def _table_order(ro: str, p: str) -> str:
     return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx"
 
 
+# the table's columns it can be sorted by -> their SQL over the scored rows ``s`` and prompts ``p``
+TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
+               "correct": "(s.accuracy >= 1)", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
+               "created_at": "s.created_at"}
+
+
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
-                      offset: int = 0) -> tuple[str, list]:
-    """The rollout table's rows for filter ``f``: newest first, at most ``f.limit`` of them
+                      offset: int = 0, sort: tuple[str, bool] | None = None) -> tuple[str, list]:
+    """The rollout table's rows for filter ``f``: newest first (or by ``sort``: a column of
+    :data:`TABLE_SORTS` and whether descending, then newest first), at most ``f.limit`` of them
     after skipping ``offset`` (a page further down, cut in DuckDB).
 
     Filters that keep or drop whole groups (run, group, training step, branches; the prompt
@@ -272,7 +279,13 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     # a prompt text alone picks rollouts from all over the store: their ids span it (see _scoped_rewards)
     narrow = not (f.prompt_contains and groups == ["TRUE"])
     shown = " AND ".join(rows)
-    if on_rewards or f.limit + offset > PAGE_FIRST_MAX:
+    order = _table_order("s", "p")
+    if sort is not None:
+        column, descending = sort
+        if column not in TABLE_SORTS:
+            raise ValueError(f"cannot sort the rollout table by {column!r}; by one of {', '.join(TABLE_SORTS)}")
+        order = f"{TABLE_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {order}"
+    if on_rewards or sort is not None or f.limit + offset > PAGE_FIRST_MAX:  # a sort may need every row's reward
         cond, skip = " AND ".join(scope), int(offset)
         sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
         where = ["s.prompt_id IN (SELECT prompt_id FROM matched)"] if f.prompt_contains else []
@@ -314,15 +327,41 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         JOIN prompts p USING (prompt_id)
         JOIN runs r USING (run_id)
         {"WHERE " + " AND ".join(where) if where else ""}
-        ORDER BY {_table_order("s", "p")}
+        ORDER BY {order}
         LIMIT ? OFFSET ?
     """
     return sql, cparams + params + wparams + [int(f.limit), skip]
 
 
 def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
-                  credit: Credit | None = None, offset: int = 0) -> pd.DataFrame:
-    return store.df(*rollout_table_sql(rule_version_id, f, credit, offset))
+                  credit: Credit | None = None, offset: int = 0, sort: tuple[str, bool] | None = None) -> pd.DataFrame:
+    return store.df(*rollout_table_sql(rule_version_id, f, credit, offset, sort))
+
+
+def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
+                        credit: Credit | None = None) -> int:
+    """How many rows :func:`rollout_table` has under ``f`` over all its pages (``f.limit`` aside).
+
+    Without a correctness or reward condition the rows do not depend on rewards, so they are
+    counted from ``rollouts`` alone (a 1M-rollout store counts in milliseconds); with one, the
+    filter's scope is scored, as a page under that filter is.
+    """
+    if f.correct is None and f.reward_min is None and f.reward_max is None:
+        conds, params = ["TRUE"], []
+        if f.run_id:
+            conds.append("ro.run_id = ?"); params.append(f.run_id)
+        if f.group_id:
+            conds.append("ro.group_id = ?"); params.append(f.group_id)
+        if f.train_step is not None:
+            conds.append("ro.train_step = ?"); params.append(int(f.train_step))
+        if f.branches_of:
+            conds.append(f"ro.rollout_id IN ({DESCENDANTS})"); params.append(f.branches_of)
+        if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
+            conds.append("contains(lower(p.text), lower(?))"); params.append(f.prompt_contains.strip())
+        return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
+                                    JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))
+    sql, params = rollout_table_sql(rule_version_id, replace(f, limit=1 << 62), credit)
+    return int(store.scalar(f"SELECT count(*) FROM ({sql})", params))
 
 
 def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None,
@@ -784,9 +823,21 @@ def _listed(members: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["sample_idx"] is None, r["sample_idx"] or 0, r["rollout_id"]))
 
 
-def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
-    """One row per group: prompt, size, mean reward, and whether all rewards are equal."""
-    scope, sparams = ("ro.run_id = ?", [run_id]) if run_id else ("TRUE", [])
+def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None,
+           group_ids: list[str] | None = None, limit: int | None = None) -> pd.DataFrame:
+    """One row per group, newest first: prompt, size, mean reward, and whether all rewards are
+    equal. ``group_ids``: only these groups; ``limit``: only the newest this many (both read just
+    those groups' rows)."""
+    conds, sparams = ["TRUE"], []
+    if run_id:
+        conds.append("ro.run_id = ?"); sparams.append(run_id)
+    if group_ids is not None:
+        conds.append("ro.group_id IN (SELECT unnest(?::VARCHAR[]))"); sparams.append(list(group_ids))
+    if limit is not None:
+        conds.append(f"""ro.group_id IN (SELECT group_id FROM rollouts ro WHERE {' AND '.join(conds)}
+                                          GROUP BY group_id ORDER BY max(created_at) DESC NULLS LAST LIMIT ?)""")
+        sparams = sparams + sparams + [int(limit)]
+    scope = " AND ".join(conds)
     picked, params = picked_sql(rule_version_id, scope, sparams)  # rewards only: no advantage is shown
     return store.df(f"""
         WITH picked AS ({picked})

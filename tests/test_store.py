@@ -149,6 +149,46 @@ def test_group_view_data(seeded_store):
         assert (queries.group(seeded_store, gid)["advantage"] == 0).all()
 
 
+def test_groups_of_given_ids_and_the_newest(seeded_store):
+    """The group picker's reads: just the groups asked for, or the newest few, with the same rows
+    as listing every group."""
+    every = queries.groups(seeded_store).set_index("group_id")
+    some = list(every.index[3:6])
+    picked = queries.groups(seeded_store, group_ids=some).set_index("group_id")
+    assert set(picked.index) == set(some)
+    pd.testing.assert_frame_equal(picked.loc[some], every.loc[some])
+    newest = queries.groups(seeded_store, limit=5)
+    assert len(newest) == 5
+    assert newest["created_at"].min() >= every["created_at"].sort_values(ascending=False).iloc[4]
+
+
+def test_table_pages_count_and_sort_every_row_in_the_store(seeded_store):
+    """What the table's pager relies on: pages cut in DuckDB join up to the whole filter, the
+    count is the filter's row count, and a sort orders every row before the page is cut."""
+    from dataclasses import replace
+
+    from studio.queries import RolloutFilter
+
+    everything = RolloutFilter(limit=100_000)
+    whole = queries.rollout_table(seeded_store, everything)
+    pages = pd.concat([queries.rollout_table(seeded_store, RolloutFilter(limit=18), offset=o)
+                       for o in range(0, len(whole), 18)])
+    assert list(pages["rollout_id"]) == list(whole["rollout_id"])
+    for f in (RolloutFilter(), RolloutFilter(correct=True), RolloutFilter(prompt_contains="3"),
+              RolloutFilter(reward_min=0.5, reward_max=1.2), RolloutFilter(run_id=whole["rollout_id"].iloc[0])):
+        assert queries.rollout_table_count(seeded_store, f) == len(queries.rollout_table(seeded_store, replace(f, limit=100_000)))
+    assert queries.rollout_table_count(seeded_store, RolloutFilter()) == len(whole) > 100
+    by = queries.rollout_table(seeded_store, everything, sort=("reward", True))
+    assert by["reward"].is_monotonic_decreasing and by["reward"].iloc[0] > by["reward"].iloc[-1]
+    assert sorted(by["rollout_id"]) == sorted(whole["rollout_id"])
+    second = queries.rollout_table(seeded_store, RolloutFilter(limit=18), offset=18, sort=("reward", True))
+    assert list(second["rollout_id"]) == list(by["rollout_id"].iloc[18:36])
+    short = queries.rollout_table(seeded_store, RolloutFilter(limit=18), sort=("n_tokens", False))
+    assert list(short["n_tokens"]) == sorted(whole["n_tokens"])[:18]
+    with pytest.raises(ValueError, match="cannot sort the rollout table by 'gold'"):
+        queries.rollout_table(seeded_store, sort=("gold", True))
+
+
 def test_a_newer_rule_version_does_not_blank_out_older_rollouts(seeded_store, sample_policy):
     """Each rollout shows its latest scoring: a new rule that scored only new rollouts
     leaves the others' rewards and advantages in place."""

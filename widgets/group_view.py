@@ -27,6 +27,9 @@ GRID_CSS = """
 """
 
 
+NEWEST_GROUPS = 50  # the picker's groups when no table gives a page of them
+
+
 class GroupView(pn.viewable.Viewer):
     """The completions of the state's group as a grid of cards."""
 
@@ -41,7 +44,8 @@ class GroupView(pn.viewable.Viewer):
         self._samples: dict[str, str] = {}  # "#3" -> rollout_id
         self._cached: tuple[pd.DataFrame, dict[str, pd.DataFrame]] | None = None
         self._cards: dict[str, list[tuple[str, str]]] = {}  # channel -> (rollout id, card) of the cached group
-        self._picker = pn.widgets.Select.from_param(self.param.group, name="Group", width=420)
+        self._picker = pn.widgets.Select.from_param(self.param.group, name="Group (of the table's page)", width=420,
+                                                    css_classes=["group-picker"])
         self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
                                                               button_type="light", css_classes=["open-picker"])
         self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN)
@@ -53,15 +57,24 @@ class GroupView(pn.viewable.Viewer):
         self._refresh_choices()
         self._render()
 
-    @param.depends("state.refresh", watch=True)
+    def _picker_key(self, page_groups: list[str] | None = None, group_id: str | None = None) -> tuple:
+        st = self.state
+        return ("groups", st.rule_version or None, tuple(st.page_groups if page_groups is None else page_groups),
+                st.group_id if group_id is None else group_id)
+
+    @param.depends("state.refresh", "state.page_groups", watch=True)
     def _refresh_choices(self) -> None:
-        rv = self.state.rule_version or None
-        self._labels = self.state.preloaded(("groups", rv), lambda: self._groups(rv))
+        key = self._picker_key()
+        self._labels = self.state.preloaded(key, lambda: self._groups(*key[1:]))
         self.param.group.objects = [""] + list(self._labels)
         self._sync_from_state()
 
     @param.depends("state.group_id", watch=True)
     def _sync_from_state(self) -> None:
+        if self.state.group_id and self.state.group_id not in self._labels.values():  # e.g. opened from another view
+            key = self._picker_key()
+            self._labels = self.state.preloaded(key, lambda: self._groups(*key[1:]))
+            self.param.group.objects = [""] + list(self._labels)
         label = next((k for k, v in self._labels.items() if v == self.state.group_id), "")
         if label != self.group:
             self.group = label
@@ -104,18 +117,26 @@ class GroupView(pn.viewable.Viewer):
         """Read ahead a newly selected group (on a thread: see StudioState.select), from the scored
         group the token strip's preloader read when it is this one; after new rows, the picker's
         groups too."""
-        if fresh:
-            rv = self.state.rule_version or None
-            found[("groups", rv)] = self._groups(rv)
+        if fresh:  # the table's preloader ran first: the groups of its page as it will be
+            key = self._picker_key(found.get(("page_groups",)), group_id)
+            found[key] = self._groups(*key[1:])
         elif group_id == self.state.group_id:  # the same group: only the highlight moves
             return
         key = self._group_key(group_id)
         found[key] = self._load(key, found.get(("scored_group",) + key[1:]))
 
-    def _groups(self, rule_version: str | None) -> dict[str, str]:
-        """The picker's labels of every group -> group id."""
+    def _groups(self, rule_version: str | None, page_groups: tuple[str, ...], shown: str) -> dict[str, str]:
+        """The picker's labels -> group ids: the groups on the table's page and the shown group
+        (with no table, as in a notebook's ``group_view``, the store's newest groups)."""
         labels = {}
-        for g in queries.groups(self.state.store, rule_version_id=rule_version).itertuples():
+        st = self.state
+        if page_groups:
+            gs = queries.groups(st.store, rule_version_id=rule_version, group_ids=list({*page_groups, shown} - {""}))
+        else:
+            gs = queries.groups(st.store, rule_version_id=rule_version, limit=NEWEST_GROUPS)
+            if shown and shown not in set(gs["group_id"]):
+                gs = pd.concat([queries.groups(st.store, rule_version_id=rule_version, group_ids=[shown]), gs])
+        for g in gs.itertuples():
             flag = " · all equal" if g.all_equal else ""
             labels[f"{g.prompt} · {g.run} · {g.size}×{flag} [{g.group_id[-6:]}]"] = g.group_id
         return labels

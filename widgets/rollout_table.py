@@ -1,6 +1,13 @@
-"""Rollout table: filter by run, prompt, correctness and reward range; sort; select a row
-to open it in the token strip and its group in the group view."""
+"""Rollout table: filter by run, prompt, correctness and reward range; page through the
+rows, newest first; select a row to open it in the token strip and its group in the group view.
+
+Paged in the store: the widget holds one page of rows (``PAGE_SIZE``), read with its filter
+by ``queries.rollout_table`` at the page's offset, and the filter's row count from
+``queries.rollout_table_count``. A page opens, refreshes and takes a click in the same time on
+a 5,000-rollout store as on a million."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pandas as pd
 import panel as pn
@@ -11,9 +18,10 @@ from studio import queries
 from studio.store import StoreError
 
 from .state import StudioState
-from .style import banner, esc
+from .style import banner
 
 ALL_RUNS = "All runs"
+PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "run",
            "group_id", "sample_idx", "finish_reason", "created_at", "parent_rollout_id"]
 
@@ -27,13 +35,14 @@ class RolloutTable(pn.viewable.Viewer):
     correctness = param.Selector(default="all", objects=["all", "correct", "incorrect"],
                                  doc="Final-answer correctness under the current rule.")
     reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5), doc="Total reward between these values.")
+    page = param.Integer(default=1, bounds=(1, None), doc="The page of rows shown (newest first).")
 
     def __init__(self, **params):
         super().__init__(**params)
         self._run_ids: dict[str, str] = {}
         self._table = pn.widgets.Tabulator(
             pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
-            pagination="remote", page_size=18, selectable=1, show_index=False, disabled=True,
+            selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
             hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run",
                             "parent_rollout_id"],
@@ -48,9 +57,24 @@ class RolloutTable(pn.viewable.Viewer):
             header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
+        self._newer = pn.widgets.Button(name="‹ newer", button_type="light", width=80, height=30,
+                                        css_classes=["page-newer"], disabled=True)
+        self._older = pn.widgets.Button(name="older ›", button_type="light", width=80, height=30,
+                                        css_classes=["page-older"], disabled=True)
+        self._page_input = pn.widgets.IntInput.from_param(self.param.page, name="", width=80, height=30,
+                                                         margin=(5, 4), css_classes=["page-number"])
+        self._pages = pn.pane.HTML("", margin=(10, 4), css_classes=["page-count"])
+        self._newer.on_click(lambda _: self._turn(-1))
+        self._older.on_click(lambda _: self._turn(+1))
+        self._pager = pn.Row(pn.layout.HSpacer(), self._newer, self._page_input, self._pages, self._older,
+                             sizing_mode="stretch_width", css_classes=["table-pager"])
+        self._n_rows = 0  # rows under the filter, over all pages
+        self._shown_filter: queries.RolloutFilter | None = None
+        self._sort: tuple[str, bool] | None = None  # (column, descending); None: newest first
         self._slider = pn.widgets.EditableRangeSlider.from_param(self.param.reward_range, name="Reward",
                                                                  step=0.05, sizing_mode="stretch_width")
         self._table.param.watch(self._on_select, "selection")
+        self._table.param.watch(self._on_sort, "sorters")  # a header click: the store sorts every row, not the page
         self.controls = pn.Column(
             pn.widgets.Select.from_param(self.param.run, name="Run", sizing_mode="stretch_width"),
             pn.widgets.TextInput.from_param(self.param.prompt_contains, name="Prompt contains",
@@ -65,8 +89,9 @@ class RolloutTable(pn.viewable.Viewer):
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
             sizing_mode="stretch_width",
         )
-        self._layout = pn.Column(self._count, self._table, sizing_mode="stretch_width")
+        self._layout = pn.Column(self._count, self._table, self._pager, sizing_mode="stretch_width")
         self._updating_choices = False
+        self._selecting = False
         self.state.add_preloader(self._preload)
         self._refresh_choices()
 
@@ -89,12 +114,20 @@ class RolloutTable(pn.viewable.Viewer):
         st = self.state
         found[("runs",)] = queries.runs(st.store)
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
-        key = self._rows_key(self.current_filter())
-        found[key] = queries.rollout_table(st.store, *key[1:])
+        key = self._rows_key(self.current_filter(), self.page)
+        found[key] = self._read(key)
+        found[("page_groups",)] = list(dict.fromkeys(found[key][0]["group_id"]))  # for the group view's picker
         found[("rollout_count",)] = queries.rollout_count(st.store)
 
-    def _rows_key(self, f: queries.RolloutFilter) -> tuple:
-        return ("rollout_table", f, self.state.rule_version or None, self.state.credit())
+    def _rows_key(self, f: queries.RolloutFilter, page: int) -> tuple:
+        return ("rollout_table", f, self.state.rule_version or None, self.state.credit(), page, self._sort)
+
+    def _read(self, key: tuple) -> tuple[pd.DataFrame, int]:
+        """Page ``page`` of the rows under filter ``f`` and how many rows the filter keeps."""
+        _, f, rule_version, cr, page, sort = key
+        rows = queries.rollout_table(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
+                                     offset=(page - 1) * PAGE_SIZE, sort=sort)
+        return rows, queries.rollout_table_count(self.state.store, f, rule_version, cr)
 
     def _update_choices(self) -> None:
         st = self.state
@@ -141,31 +174,78 @@ class RolloutTable(pn.viewable.Viewer):
                    "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
                    "state.train_step", watch=True)
     def _reload(self) -> None:
+        """The filter or the scoring changed (or new rows came): show the filter's rows, from its
+        first page when the filter itself changed."""
         if self._updating_choices:
             return
         f = self.current_filter()
         if f != self.state.table_filter:  # param calls an equal new filter a change: views would redraw for nothing
             self.state.table_filter = f
-        key = self._rows_key(f)
+        if f != self._shown_filter and self.page != 1:
+            self._shown_filter = f
+            self.page = 1  # loads it (_load_page)
+        else:
+            self._shown_filter = f
+            self._load_page()
+
+    def _on_sort(self, event) -> None:
+        """Sort every row under the filter by the clicked column (the browser sorts only the page it
+        has, the same way, so the two agree), from the first page."""
+        by = next((s for s in event.new or [] if s.get("field") in queries.TABLE_SORTS), None)
+        sort = None if by is None else (by["field"], by.get("dir") == "desc")
+        if sort == self._sort:
+            return
+        self._sort = sort
+        if self.page != 1:
+            self.page = 1
+        else:
+            self._load_page()
+
+    def _turn(self, step: int) -> None:
+        self.page = min(max(1, self.page + step), self._n_pages())
+
+    def _n_pages(self) -> int:
+        return max(1, -(-self._n_rows // PAGE_SIZE))
+
+    @param.depends("page", watch=True)
+    def _load_page(self) -> None:
+        """Read and show the current page (the row of the shown rollout stays selected)."""
+        f = self._shown_filter or self.current_filter()
+        key = self._rows_key(f, self.page)
         try:
-            df = self.state.preloaded(key, lambda: queries.rollout_table(self.state.store, *key[1:]))
+            df, self._n_rows = self.state.preloaded(key, lambda: self._read(key))
             df = df.reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return
+        if self.page > self._n_pages():  # rows went (a narrower scoring): the last page there is
+            self.page = self._n_pages()
+            return
         df["correct"] = df["correct"].fillna(False).astype(bool)
         df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
-        self._table.value = df
+        shown = df.index[df["rollout_id"] == self.state.rollout_id].tolist()
+        self._selecting = True
+        try:
+            self._table.param.update(value=df, selection=shown[:1])
+        finally:
+            self._selecting = False
+        groups = list(dict.fromkeys(df["group_id"]))
+        if groups != self.state.page_groups:
+            self.state.page_groups = groups
         total = self.state.preloaded(("rollout_count",), lambda: queries.rollout_count(self.state.store))
-        capped = " (first rows only: narrow the filter)" if len(df) >= f.limit else ""
-        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{len(df):,}</b> of '
-                              f'{total:,} rollouts match{esc(capped)}</span>')
+        first = (self.page - 1) * PAGE_SIZE
+        self._newer.disabled, self._older.disabled = self.page <= 1, self.page >= self._n_pages()
+        self._pages.object = f'<span style="font-size:13px;color:#495057">of {self._n_pages():,} pages</span>'
+        span = f"{first + 1:,}–{first + len(df):,}" if len(df) else "none"
+        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{self._n_rows:,}</b> of {total:,} '
+                              f'rollouts match · rows <b>{span}</b> shown</span>')
 
     def _on_select(self, event) -> None:
-        if not event.new:
+        if not event.new or self._selecting:
             return
         row = self._table.value.iloc[event.new[0]]
-        self.state.select(row["rollout_id"], row["group_id"])
+        if row["rollout_id"] != self.state.rollout_id:
+            self.state.select(row["rollout_id"], row["group_id"])
 
     def __panel__(self):
         return self._layout

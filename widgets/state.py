@@ -57,6 +57,8 @@ class StudioState(param.Parameterized):
     jump_run = param.String(default="", doc="Set to a run id to make the table show that run.")
     table_filter = param.ClassSelector(class_=RolloutFilter, default=RolloutFilter(),
                                        doc="The table's current filter (the 'filter' fork scope reads it).")
+    page_groups = param.List(default=[], item_type=str,
+                             doc="The groups of the rows on the table's page (the group view's picker offers them).")
 
     estimator = param.Selector(default="grpo", objects=list(ESTIMATORS),
                                doc="Advantage estimator every view shows (studio.advantages.ESTIMATORS).")

@@ -51,7 +51,7 @@ def open_row(page, n: int) -> None:
 def test_page_loads_with_table_legend_and_no_traceback(page):
     assert "Rollout Studio" in page.title()
     count = text(page.locator(".table-count"))
-    assert re.search(r"\d+ of \d+ rollouts match", count)
+    assert re.search(r"\d+ of \d+ rollouts match · rows 1–\d+ shown", count)
     assert page.locator(".tabulator-row").count() >= 10
     assert page.get_by_text("Select a rollout in the table").is_visible()
     assert page.locator(".token-strip .tok").count() == 0
@@ -127,6 +127,47 @@ def test_quick_clicks_end_on_the_last_row_in_every_view(page):
     shown = page.locator(".token-strip .strip").get_attribute("data-rollout")
     page.wait_for_selector(f'.group-card.selected[data-rollout="{shown}"]', timeout=10_000)
     assert page.locator(".group-card.selected").count() == 1
+
+
+def rewards_shown(page) -> list[float]:
+    return [float(x) for x in page.locator(".rollout-table .tabulator-row [tabulator-field=reward]").all_inner_texts()]
+
+
+def test_the_table_pages_and_sorts_every_row_in_the_store(page):
+    """The table holds one page; the store filters, sorts and pages: page 2 holds the next rows,
+    a row there opens, and a header sort orders every row, not just the page shown."""
+    assert re.search(r"\b512 of 512 rollouts match · rows 1–18 shown", text(page.locator(".table-count")))
+    assert page.locator(".tabulator-row").count() == 18
+    first = page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
+    page.locator(".page-older button").click()
+    wait_text(page, page.locator(".table-count"), "rows 19–36 shown")
+    second = page.locator(".tabulator-row [tabulator-field=completion]").all_inner_texts()
+    assert len(second) == 18 and second != first
+    open_row(page, 4)
+    deadline = time.time() + 20
+    while strip_text(page) != second[4] and time.time() < deadline:
+        page.wait_for_timeout(200)
+    assert strip_text(page) == second[4]
+    prompt = page.locator(".tabulator-row [tabulator-field=prompt]").nth(4).inner_text()
+    picker = page.locator(".group-picker select")
+    expect(picker.locator("option:checked")).to_contain_text(prompt)  # the picker offers the page's groups
+    header = page.locator(".rollout-table .tabulator-col[tabulator-field=reward] .tabulator-col-title")
+    header.click()  # ascending, from the first page
+    wait_text(page, page.locator(".table-count"), "rows 1–18 shown")
+    deadline = time.time() + 20
+    while rewards_shown(page) != sorted(rewards_shown(page)) and time.time() < deadline:
+        page.wait_for_timeout(200)
+    lowest = rewards_shown(page)
+    header.click()  # descending: the browser re-orders its page at once, the store's top rows follow
+    deadline = time.time() + 20
+    while min(rewards_shown(page)) <= max(lowest) and time.time() < deadline:
+        page.wait_for_timeout(200)
+    top = rewards_shown(page)
+    assert top == sorted(top, reverse=True) and min(top) > max(lowest)
+    page.locator(".page-older button").click()
+    wait_text(page, page.locator(".table-count"), "rows 19–36 shown")
+    page.wait_for_timeout(500)
+    assert max(rewards_shown(page)) <= min(top)  # sorted in the store: page 2 continues page 1
 
 
 def test_switching_the_channel_recolours_the_strip(page):
