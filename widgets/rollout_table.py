@@ -244,8 +244,7 @@ class RolloutTable(pn.viewable.Viewer):
         if not event.new or self._selecting:
             return
         row = self._table.value.iloc[event.new[0]]
-        if row["rollout_id"] != self.state.rollout_id:
-            self.state.select(row["rollout_id"], row["group_id"])
+        self.state.select(row["rollout_id"], row["group_id"])  # the last click wins, even back to the shown row
 
     def __panel__(self):
         return self._layout
