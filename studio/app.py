@@ -104,8 +104,10 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.timeline_panel import TimelinePanel
     from widgets.style import CSS, banner, esc
     from widgets.token_strip import TokenStrip
+    from widgets import panel_updates
 
     pn.extension("tabulator", "codeeditor", design="bootstrap", notifications=False)
+    panel_updates.install()  # updates skip Panel's design lookup unless stylesheets change
     db_path = db_path or default_db_path()
     policy_path = policy_path or POLICY_DIR  # a folder, or a backend URL (a str: Path would mangle "//")
     # Bootstrap rather than Fast: Fast's design fetches a web font, and the studio must

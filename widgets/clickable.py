@@ -1,4 +1,5 @@
-"""An HTML view whose marked elements report clicks to Python.
+"""HTML views that talk to Python: ``ClickableHTML`` reports clicks on marked elements,
+``MarkedHTML`` highlights one element of its HTML without sending the HTML again.
 
 Elements with ``data-click="<kind>"`` and ``data-value="<value>"`` send ``(kind, value)``
 to the callbacks registered with :meth:`ClickableHTML.on_click`. The HTML itself is built
@@ -49,3 +50,29 @@ export function render({ model, el }) {
         kind, value = str(msg.get("kind", "")), str(msg.get("value", ""))
         for cb in self._callbacks:
             cb(kind, value)
+
+
+class MarkedHTML(pn.custom.JSComponent):
+    """Like ``pn.pane.HTML``, plus one element marked: the element whose ``data-mark`` equals
+    :attr:`marked` gets the class ``selected``. Changing only ``marked`` sends only the id, and
+    the browser moves the class (a click within a group view's cards: not the cards again)."""
+
+    object = param.String(default="", doc="The HTML to show (already escaped by the caller).")
+    marked = param.String(default="", doc="The data-mark value of the element to mark ('' = none).")
+
+    _esm = """
+export function render({ model, el }) {
+  const box = document.createElement('div');
+  const mark = () => {
+    for (const e of box.querySelectorAll('[data-mark].selected')) e.classList.remove('selected');
+    for (const e of box.querySelectorAll('[data-mark]')) {
+      if (model.marked && e.dataset.mark === model.marked) e.classList.add('selected');
+    }
+  };
+  box.innerHTML = model.object;
+  mark();
+  model.on('object', () => { box.innerHTML = model.object; mark(); });
+  model.on('marked', mark);
+  el.appendChild(box);
+}
+"""

@@ -16,6 +16,7 @@ from studio import credit, queries
 from studio.advantages import EQUAL_TOL, ESTIMATORS
 from studio.store import StoreError
 
+from .clickable import MarkedHTML
 from .state import StudioState
 from .style import CSS, REDRAWN, SCALES, banner, chip, esc
 from .token_strip import step_verdicts, strip_html
@@ -43,13 +44,13 @@ class GroupView(pn.viewable.Viewer):
         self._labels: dict[str, str] = {}
         self._samples: dict[str, str] = {}  # "#3" -> rollout_id
         self._cached: tuple[pd.DataFrame, dict[str, pd.DataFrame]] | None = None
-        self._cards: dict[str, list[tuple[str, str]]] = {}  # channel -> (rollout id, card) of the cached group
+        self._cards: dict[str, str] = {}  # channel -> the cached group's cards
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group (of the table's page)", width=420,
                                                     css_classes=["group-picker"])
         self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
                                                               button_type="light", css_classes=["open-picker"])
         self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN)
-        self._grid = pn.pane.HTML("", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width", **REDRAWN,
+        self._grid = MarkedHTML(object="", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width", **REDRAWN,
                                   css_classes=["group-grid"])
         self._layout = pn.Column(pn.Row(self._picker, self._opener), self._header, self._grid,
                                  sizing_mode="stretch_width")
@@ -181,19 +182,18 @@ class GroupView(pn.viewable.Viewer):
 
     @param.depends("state.channel", "state.rollout_id", watch=True)
     def _draw(self) -> None:
-        """Draw the cached group's cards for the current channel and selection: no query, and the
-        cards themselves are drawn once per group and channel (a click within the group only
-        moves the highlight)."""
+        """Draw the cached group's cards for the current channel and mark the selected one: no
+        query, and the cards are drawn once per group and channel (a click within the group sends
+        only the id of the card to mark: the browser moves the highlight)."""
         if self._cached is None:
             return
         rows, toks = self._cached
         st = self.state
         if st.channel not in self._cards:
             names = sorted({c for r in rows for c in r["components"] if c != "total"})
-            self._cards[st.channel] = [(r["rollout_id"], self._card(r, toks.get(r["rollout_id"]), names)) for r in rows]
-        cards = [card.replace('<div class="group-card"', '<div class="group-card selected"', 1)
-                 if rid == st.rollout_id else card for rid, card in self._cards[st.channel]]
-        self._grid.object = f'<div class="grid">{"".join(cards)}</div>'
+            cards = "".join(self._card(r, toks.get(r["rollout_id"]), names) for r in rows)
+            self._cards[st.channel] = f'<div class="grid">{cards}</div>'
+        self._grid.param.update(object=self._cards[st.channel], marked=st.rollout_id)
         current = next((k for k, v in self._samples.items() if v == st.rollout_id), None)
         if current != self.open_sample:
             self.open_sample = current
@@ -207,7 +207,7 @@ class GroupView(pn.viewable.Viewer):
         strip = strip_html(toks, st.channel, adv, None, step_verdicts(row), compact=True) \
             if toks is not None else '<div class="empty">no tokens stored</div>'
         reward = float("nan") if row["reward"] is None else row["reward"]
-        return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}">'
+        return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}" data-mark="{esc(row["rollout_id"])}">'
                 f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
                 f'{"<b class=ok>✓</b>" if ok else "<b class=bad>✗</b>"}'
                 f'<span>reward <b>{reward:.3f}</b></span>'

@@ -22,8 +22,9 @@ from .style import banner
 
 ALL_RUNS = "All runs"
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
-COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "run",
-           "group_id", "sample_idx", "finish_reason", "created_at", "parent_rollout_id"]
+# the shown columns and the two a click needs (hidden): every column is sent to the browser and
+# taken row by row by Panel on each click, so the page frame holds nothing else
+COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "group_id"]
 
 
 class RolloutTable(pn.viewable.Viewer):
@@ -44,8 +45,7 @@ class RolloutTable(pn.viewable.Viewer):
             pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
             selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
-            hidden_columns=["rollout_id", "group_id", "sample_idx", "finish_reason", "created_at", "run",
-                            "parent_rollout_id"],
+            hidden_columns=["rollout_id", "group_id"],
             titles={"n_tokens": "len", "advantage": "adv.", "correct": "ok", "fork_pos": "fork"},
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross"}},
@@ -223,6 +223,8 @@ class RolloutTable(pn.viewable.Viewer):
             return
         df["correct"] = df["correct"].fillna(False).astype(bool)
         df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
+        for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
+            df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
         shown = df.index[df["rollout_id"] == self.state.rollout_id].tolist()
         self._selecting = True
         try:
