@@ -228,6 +228,20 @@ def _table_order(ro: str, p: str) -> str:
     return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx"
 
 
+def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
+    """The conditions of ``f`` on ``rollouts ro`` that keep or drop whole groups, and their values."""
+    conds, params = ["TRUE"], []
+    if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
+        conds.append("ro.run_id = ?"); params.append(f.run_id)
+    if f.group_id:
+        conds.append("ro.group_id = ?"); params.append(f.group_id)
+    if f.train_step is not None:  # a group is sampled within one step: whole groups again
+        conds.append("ro.train_step = ?"); params.append(int(f.train_step))
+    if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
+        conds.append(f"ro.rollout_id IN ({DESCENDANTS})"); params.append(f.branches_of)
+    return conds, params
+
+
 # the table's columns it can be sorted by -> their SQL over the scored rows ``s`` and prompts ``p``
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
                "correct": "(s.accuracy >= 1)", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
@@ -248,15 +262,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a million).
     """
     ctes, cparams = [], []
-    groups, sparams = ["TRUE"], []  # conditions that keep whole groups
-    if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
-        groups.append("ro.run_id = ?"); sparams.append(f.run_id)
-    if f.group_id:
-        groups.append("ro.group_id = ?"); sparams.append(f.group_id)
-    if f.train_step is not None:  # a group is sampled within one step: whole groups again
-        groups.append("ro.train_step = ?"); sparams.append(int(f.train_step))
-    if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
-        groups.append(f"ro.rollout_id IN ({DESCENDANTS})"); sparams.append(f.branches_of)
+    groups, sparams = _whole_group_conditions(f)
     scope, rows = list(groups), list(groups)  # what is scored; which of those rows are shown
     if f.prompt_contains:
         # contains(), not LIKE: a typed % or _ is a character, not a wildcard; matched once for every scan
@@ -347,15 +353,7 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     filter's scope is scored, as a page under that filter is.
     """
     if f.correct is None and f.reward_min is None and f.reward_max is None:
-        conds, params = ["TRUE"], []
-        if f.run_id:
-            conds.append("ro.run_id = ?"); params.append(f.run_id)
-        if f.group_id:
-            conds.append("ro.group_id = ?"); params.append(f.group_id)
-        if f.train_step is not None:
-            conds.append("ro.train_step = ?"); params.append(int(f.train_step))
-        if f.branches_of:
-            conds.append(f"ro.rollout_id IN ({DESCENDANTS})"); params.append(f.branches_of)
+        conds, params = _whole_group_conditions(f)
         if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
             conds.append("contains(lower(p.text), lower(?))"); params.append(f.prompt_contains.strip())
         return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)

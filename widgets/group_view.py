@@ -63,19 +63,20 @@ class GroupView(pn.viewable.Viewer):
         return ("groups", st.rule_version or None, tuple(st.page_groups if page_groups is None else page_groups),
                 st.group_id if group_id is None else group_id)
 
-    @param.depends("state.refresh", "state.page_groups", watch=True)
-    def _refresh_choices(self) -> None:
+    def _load_choices(self) -> None:
         key = self._picker_key()
         self._labels = self.state.preloaded(key, lambda: self._groups(*key[1:]))
         self.param.group.objects = [""] + list(self._labels)
+
+    @param.depends("state.refresh", "state.page_groups", watch=True)
+    def _refresh_choices(self) -> None:
+        self._load_choices()
         self._sync_from_state()
 
     @param.depends("state.group_id", watch=True)
     def _sync_from_state(self) -> None:
         if self.state.group_id and self.state.group_id not in self._labels.values():  # e.g. opened from another view
-            key = self._picker_key()
-            self._labels = self.state.preloaded(key, lambda: self._groups(*key[1:]))
-            self.param.group.objects = [""] + list(self._labels)
+            self._load_choices()
         label = next((k for k, v in self._labels.items() if v == self.state.group_id), "")
         if label != self.group:
             self.group = label
