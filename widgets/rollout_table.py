@@ -68,8 +68,8 @@ class RolloutTable(pn.viewable.Viewer):
         self._older.on_click(lambda _: self._turn(+1))
         self._pager = pn.Row(pn.layout.HSpacer(), self._newer, self._page_input, self._pages, self._older,
                              sizing_mode="stretch_width", css_classes=["table-pager"])
-        self._n_rows = 0  # rows under the filter, over all pages
-        self._shown_filter: queries.RolloutFilter | None = None
+        self._n_rows = self._total = 0  # rows under the filter (over all pages), rollouts in the store
+        self._counted: tuple | None = None  # what they were counted for: filter, scoring and refresh (_counts_key)
         self._sort: tuple[str, bool] | None = None  # (column, descending); None: newest first
         self._slider = pn.widgets.EditableRangeSlider.from_param(self.param.reward_range, name="Reward",
                                                                  step=0.05, sizing_mode="stretch_width")
@@ -114,20 +114,30 @@ class RolloutTable(pn.viewable.Viewer):
         st = self.state
         found[("runs",)] = queries.runs(st.store)
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
-        key = self._rows_key(self.current_filter(), self.page)
+        f = self.current_filter()
+        key = self._rows_key(f, self.page)
         found[key] = self._read(key)
-        found[("page_groups",)] = list(dict.fromkeys(found[key][0]["group_id"]))  # for the group view's picker
-        found[("rollout_count",)] = queries.rollout_count(st.store)
+        found[("page_groups",)] = list(dict.fromkeys(found[key]["group_id"]))  # for the group view's picker
+        ckey = self._counts_key(f, st.refresh + 1)  # as it will be once the rows are shown
+        found[ckey] = self._read_counts(ckey)
 
     def _rows_key(self, f: queries.RolloutFilter, page: int) -> tuple:
         return ("rollout_table", f, self.state.rule_version or None, self.state.credit(), page, self._sort)
 
-    def _read(self, key: tuple) -> tuple[pd.DataFrame, int]:
-        """Page ``page`` of the rows under filter ``f`` and how many rows the filter keeps."""
+    def _read(self, key: tuple) -> pd.DataFrame:
+        """Page ``page`` of the rows under filter ``f``, in the order ``sort``."""
         _, f, rule_version, cr, page, sort = key
-        rows = queries.rollout_table(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
+        return queries.rollout_table(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
                                      offset=(page - 1) * PAGE_SIZE, sort=sort)
-        return rows, queries.rollout_table_count(self.state.store, f, rule_version, cr)
+
+    def _counts_key(self, f: queries.RolloutFilter, refresh: int) -> tuple:
+        return ("table_counts", f, self.state.rule_version or None, self.state.credit(), refresh)
+
+    def _read_counts(self, key: tuple) -> tuple[int, int]:
+        """How many rows filter ``f`` keeps, and how many rollouts the store has: read once per
+        filter, scoring and refresh, not per page (under a reward filter the count scores the scope)."""
+        _, f, rule_version, cr, _ = key
+        return queries.rollout_table_count(self.state.store, f, rule_version, cr), queries.rollout_count(self.state.store)
 
     def _update_choices(self) -> None:
         st = self.state
@@ -179,13 +189,12 @@ class RolloutTable(pn.viewable.Viewer):
         if self._updating_choices:
             return
         f = self.current_filter()
-        if f != self.state.table_filter:  # param calls an equal new filter a change: views would redraw for nothing
+        changed = f != self.state.table_filter
+        if changed:  # param calls an equal new filter a change: views would redraw for nothing
             self.state.table_filter = f
-        if f != self._shown_filter and self.page != 1:
-            self._shown_filter = f
+        if changed and self.page != 1:
             self.page = 1  # loads it (_load_page)
         else:
-            self._shown_filter = f
             self._load_page()
 
     def _on_sort(self, event) -> None:
@@ -210,11 +219,14 @@ class RolloutTable(pn.viewable.Viewer):
     @param.depends("page", watch=True)
     def _load_page(self) -> None:
         """Read and show the current page (the row of the shown rollout stays selected)."""
-        f = self._shown_filter or self.current_filter()
-        key = self._rows_key(f, self.page)
+        st = self.state
+        f = st.table_filter
+        key, ckey = self._rows_key(f, self.page), self._counts_key(f, st.refresh)
         try:
-            df, self._n_rows = self.state.preloaded(key, lambda: self._read(key))
-            df = df.reindex(columns=COLUMNS)
+            if ckey != self._counted:
+                self._n_rows, self._total = st.preloaded(ckey, lambda: self._read_counts(ckey))
+                self._counted = ckey
+            df = st.preloaded(key, lambda: self._read(key)).reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return
@@ -234,12 +246,11 @@ class RolloutTable(pn.viewable.Viewer):
         groups = list(dict.fromkeys(df["group_id"]))
         if groups != self.state.page_groups:
             self.state.page_groups = groups
-        total = self.state.preloaded(("rollout_count",), lambda: queries.rollout_count(self.state.store))
         first = (self.page - 1) * PAGE_SIZE
         self._newer.disabled, self._older.disabled = self.page <= 1, self.page >= self._n_pages()
         self._pages.object = f'<span style="font-size:13px;color:#495057">of {self._n_pages():,} pages</span>'
         span = f"{first + 1:,}–{first + len(df):,}" if len(df) else "none"
-        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{self._n_rows:,}</b> of {total:,} '
+        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{self._n_rows:,}</b> of {self._total:,} '
                               f'rollouts match · rows <b>{span}</b> shown</span>')
 
     def _on_select(self, event) -> None:
