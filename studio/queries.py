@@ -218,14 +218,15 @@ DESCENDANTS = """
     SELECT rid FROM down"""
 
 
-# a page without a reward filter is cut from the rollouts first and only its groups are scored
-# (up to this many rows; callers that want every row of a scope score the scope directly)
+# a page without a reward filter or sort is cut from the rollouts first and only its groups are scored,
+# however far down it is; a limit above this asks for (nearly) every row, so the scope is scored directly
 PAGE_FIRST_MAX = 100_000
 
 
 def _table_order(ro: str, p: str) -> str:
-    """The table's order: newest first, then prompt text, group, sample (``ro``: rollout alias, ``p``: prompt)."""
-    return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx"
+    """The table's order: newest first, then prompt text, group, sample, id (``ro``: rollout alias,
+    ``p``: prompt). The id last: rows that tie on the rest (branches) keep their place across pages."""
+    return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx, {ro}.rollout_id"
 
 
 def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
@@ -246,6 +247,10 @@ def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
                "correct": "(s.accuracy >= 1)", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
                "created_at": "s.created_at"}
+# the sorts that do not depend on rewards: their pages are cut from the rollouts alone (``ro``), as the
+# newest-first page is, and only the page's groups are scored
+ROLLOUT_SORTS = {"prompt": "p.text", "completion": "ro.text", "n_tokens": "ro.n_tokens", "fork_pos": "ro.fork_pos",
+                 "created_at": "ro.created_at"}
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
@@ -291,12 +296,24 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         if column not in TABLE_SORTS:
             raise ValueError(f"cannot sort the rollout table by {column!r}; by one of {', '.join(TABLE_SORTS)}")
         order = f"{TABLE_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {order}"
-    if on_rewards or sort is not None or f.limit + offset > PAGE_FIRST_MAX:  # a sort may need every row's reward
+    # a page cut from the rollouts first (only its groups are scored) unless the rows shown or their
+    # order depend on rewards, or every row is asked for
+    paged = not (on_rewards or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX)
+    if not paged:
         cond, skip = " AND ".join(scope), int(offset)
         sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
         where = ["s.prompt_id IN (SELECT prompt_id FROM matched)"] if f.prompt_contains else []
         where += on_rewards
-    else:
+    elif sort is not None:  # by a column of the rollouts: the page is cut from them alone
+        column, descending = sort
+        ctes.append(f"""page AS MATERIALIZED (
+            SELECT ro.rollout_id, ro.group_id FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
+            WHERE {shown}
+            ORDER BY {ROLLOUT_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {_table_order("ro", "p")}
+            LIMIT ? OFFSET ?)""")
+        cparams += sparams + [int(f.limit), int(offset)]
+        narrow = False  # the page's rows come from all over the filter: their ids span it
+    else:  # newest first
         # `cut`: the creation time of the page's last row. Rows made before it cannot be on the page, so
         # prompt texts are joined only to the newest rows, and the scans skip older row groups (creation
         # times rise with them). It is found from the rollouts alone (`cut0`, a top-N on one column), then
@@ -317,6 +334,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
             JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
             ORDER BY {_table_order("ro", "p")} LIMIT ? OFFSET ?)"""]
         cparams += sparams + [max(n - 1, 0)] + sparams + [n] + sparams + sparams + [int(f.limit), int(offset)]
+    if paged:
         # the page's groups, whole: group ids sort in the order they were made, so (when the page's rows were
         # made close together) their range is a filter DuckDB applies inside the scan; the IN keeps exactly them
         cond = " AND ".join(groups)

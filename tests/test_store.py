@@ -2,6 +2,7 @@
 import hashlib
 import subprocess
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -165,8 +166,6 @@ def test_groups_of_given_ids_and_the_newest(seeded_store):
 def test_table_pages_count_and_sort_every_row_in_the_store(seeded_store):
     """What the table's pager relies on: pages cut in DuckDB join up to the whole filter, the
     count is the filter's row count, and a sort orders every row before the page is cut."""
-    from dataclasses import replace
-
     from studio.queries import RolloutFilter
 
     everything = RolloutFilter(limit=100_000)
@@ -187,6 +186,28 @@ def test_table_pages_count_and_sort_every_row_in_the_store(seeded_store):
     assert list(short["n_tokens"]) == sorted(whole["n_tokens"])[:18]
     with pytest.raises(ValueError, match="cannot sort the rollout table by 'gold'"):
         queries.rollout_table(seeded_store, sort=("gold", True))
+
+
+@pytest.mark.parametrize("column", sorted(queries.ROLLOUT_SORTS))
+def test_pages_sorted_by_a_rollout_column_are_the_rows_of_the_whole_sorted_table(seeded_store, column):
+    """Sorts that do not depend on rewards cut their page from the rollouts and score only its groups:
+    every page, either way round and far down, holds the same rows, rewards and advantages as the
+    filter scored whole and sorted (a limit above PAGE_FIRST_MAX takes that path)."""
+    from studio.queries import PAGE_FIRST_MAX, RolloutFilter
+
+    for desc in (False, True):
+        whole = queries.rollout_table(seeded_store, RolloutFilter(limit=PAGE_FIRST_MAX + 1), sort=(column, desc))
+        assert len(whole) > 100
+        for offset in (0, 18, len(whole) - 10):
+            page = queries.rollout_table(seeded_store, RolloutFilter(limit=18), offset=offset, sort=(column, desc))
+            pd.testing.assert_frame_equal(page.reset_index(drop=True),
+                                          whole.iloc[offset:offset + 18].reset_index(drop=True))
+    run = whole["run"].iloc[0]
+    run_id = seeded_store.scalar("SELECT run_id FROM runs WHERE name = ?", [run])
+    f = RolloutFilter(run_id=run_id, prompt_contains="1")
+    whole = queries.rollout_table(seeded_store, replace(f, limit=PAGE_FIRST_MAX + 1), sort=(column, True))
+    page = queries.rollout_table(seeded_store, replace(f, limit=18), offset=5, sort=(column, True))
+    pd.testing.assert_frame_equal(page.reset_index(drop=True), whole.iloc[5:23].reset_index(drop=True))
 
 
 def test_a_newer_rule_version_does_not_blank_out_older_rollouts(seeded_store, sample_policy):
