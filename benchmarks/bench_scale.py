@@ -41,8 +41,9 @@ Before timing, a run's first table page (cut before scoring) and a page further 
 are null: nothing else in the run does the same work. For people the
 script also prints p95s, the pieces (tokens alone, the header alone, and the SQL header the
 point reads replaced: ``scored_rollouts_sql`` over the rollout's group), other table pages
-(no filter, a run, a run and *incorrect*, a prompt text over every run) and the table's and
-group picker's refresh queries (``queries.runs``, ``reward_bounds``, ``groups``).
+(no filter, a run, a run and *incorrect*, a prompt text over every run, a page half-way down,
+a sort by length and one by reward), the table's refresh queries (``queries.runs``,
+``reward_bounds``) and the group picker's (``groups`` of a page's groups; the newest 50).
 
 Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --no-ingest, --seed.
 """
@@ -155,6 +156,9 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
         queries.tokens_of(store, df["rollout_id"].tolist())
 
     queries.rollout(store, picks[-1]), page(RolloutFilter())  # first touch: DuckDB loads its metadata
+    half = queries.rollout_count(store) // 2
+    page_groups = [queries.rollout_table(store, RolloutFilter(limit=18), None, cr, offset=half // (k + 1))
+                   ["group_id"].unique().tolist() for k in range(few)]
     check_pages(store, runs[0])
     plan = [
         ("rollout_tokens", strip, n, "credit.rollout_view: a token-strip click (header, tokens, advantages, steps)"),
@@ -172,8 +176,19 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
          few, "rollout_table(prompt text), every run"),
         ("table_refresh", lambda i: (queries.runs(store), queries.reward_bounds(store)), few,
          "queries.runs + reward_bounds (table choices, on refresh)"),
-        ("group_picker", lambda i: queries.groups(store), 2, "queries.groups() over every group (group picker, "
-                                                             "on refresh)"),
+        ("page_half_way", lambda i: queries.rollout_table(store, RolloutFilter(limit=18), None, cr,
+                                                          offset=half + 18 * i), few,
+         "rollout_table() page half-way down (offset: half the store)"),
+        ("sort_length", lambda i: queries.rollout_table(store, RolloutFilter(limit=18), None, cr, offset=18 * i,
+                                                        sort=("n_tokens", True)), few,
+         "rollout_table(sort=length) pages 1-5: cut from the rollouts"),
+        ("sort_reward", lambda i: queries.rollout_table(store, RolloutFilter(limit=18), None, cr, offset=18 * i,
+                                                        sort=("reward", True)), 2,
+         "rollout_table(sort=reward): scores every row"),
+        ("group_picker", lambda i: queries.groups(store, group_ids=page_groups[i]), few,
+         "queries.groups(group_ids=) of a page's groups (group picker, per page)"),
+        ("group_picker_newest", lambda i: queries.groups(store, limit=50), few,
+         "queries.groups(limit=50): the picker without a table (notebook)"),
     ]
     out, notes = {}, {}
     for key, fn, k, note in plan:
