@@ -31,6 +31,10 @@ class StudioTemplate(pn.template.BootstrapTemplate):
     """Panel's Bootstrap template, put on a page with Bokeh's model graph frozen: the graph is
     walked once for the whole page instead of once per root added (a third of a page's build).
 
+    Once a served page is built, its HTML panes get their full stylesheets in one walk
+    (``widgets.panel_updates.prime_stylesheets``) and its objects are frozen out of the cyclic
+    garbage collector (``widgets.page_gc``).
+
     Without Panel's busy indicator: it is one process-wide flag that every callback of every
     session sets on every open page's spinner, so with twenty pages a click costs forty model
     updates in nineteen other pages (and each page's spinner turned with everyone's clicks).
@@ -44,7 +48,14 @@ class StudioTemplate(pn.template.BootstrapTemplate):
         if doc is None:
             return super()._init_doc(doc, comm, title, notebook, location)
         with doc.models.freeze():
-            return super()._init_doc(doc, comm, title, notebook, location)
+            built = super()._init_doc(doc, comm, title, notebook, location)
+        from widgets import page_gc, panel_updates
+
+        if doc.session_context is not None:  # a served page, once built: see the two modules
+            doc.add_next_tick_callback(
+                lambda: panel_updates.prime_stylesheets([*self.header, *self.sidebar, *self.main, *self.modal], doc))
+            page_gc.track(doc)
+        return built
 
 
 def describe_policy(path: str | Path) -> str:

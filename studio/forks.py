@@ -322,8 +322,8 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
         if gens is None:
             result.status = "cancelled"
         else:
-            frames = branch_frames(plan, run_id, gens, rule, version)
-            store.write(frames)
+            frames = await asyncio.to_thread(branch_frames, plan, run_id, gens, rule, version)
+            await asyncio.to_thread(store.write, frames)  # off the event loop, as Generate stores
             result.rollouts = len(frames["rollouts"])
             result.rollout_ids = frames["rollouts"]["rollout_id"].tolist()
             result.group_id = frames["rollouts"]["group_id"].iloc[0]

@@ -151,7 +151,8 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
             kw = dict(kwargs, seed=config.seed + 7919 * i)  # distinct, reproducible stream per chunk
             fut = executor.submit(workers.sample_job, str(policy_path), [p.text for p in chunk], kw)
             gens, version, result.device = await asyncio.wrap_future(fut)
-            n, gids = ingest(store, run_id, the_task, chunk, gens, rule, version)
+            # scored and stored on a thread: the event loop (a served page's clicks) is not held by the write
+            n, gids = await asyncio.to_thread(ingest, store, run_id, the_task, chunk, gens, rule, version)
             result.rollouts += n
             result.group_ids += gids
             if on_progress:

@@ -90,7 +90,13 @@ class Rule:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.source(code_only=True).encode()).hexdigest()
+        # the components' sources are read once per set of functions and weights (every store of new
+        # rollouts asks for the version: reading and stripping the sources each time held the event loop)
+        key = (self.name, tuple(self.components.items()), tuple(sorted(self.weights.items())))
+        cached = self.__dict__.get("_sha256")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_sha256"] = (key, hashlib.sha256(self.source(code_only=True).encode()).hexdigest())
+        return cached[1]
 
     @property
     def version_id(self) -> str:

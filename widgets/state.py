@@ -26,6 +26,7 @@ from studio.forks import DEFAULT_Q, SCOPES, ForkRule
 from studio import queries
 from studio.queries import RolloutFilter
 from studio.store import Store
+from widgets import page_gc
 from widgets.style import CHANNELS
 
 
@@ -101,6 +102,7 @@ class StudioState(param.Parameterized):
                 self.param.update(rollout_id=rollout_id, group_id=group_id)
             return
         self._selecting = ticket = object()
+        page_gc.clicked()
         pn.state.execute(partial(self._apply, {"rollout_id": rollout_id, "group_id": group_id}, ticket))
 
     async def stored(self, **changes) -> None:

@@ -48,6 +48,30 @@ def open_row(page, n: int) -> None:
     page.wait_for_selector(".token-strip .tok", timeout=20_000)
 
 
+SHEET_LINKS = """() => {
+  let n = 0;
+  const walk = root => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.shadowRoot) { n += el.shadowRoot.querySelectorAll('link[rel="stylesheet"]').length; walk(el.shadowRoot); }
+    }
+  };
+  walk(document);
+  return n;
+}"""
+
+
+def test_a_first_click_restyles_nothing(page):
+    """The page's panes have all their stylesheets from the start: a first click adds none (Panel
+    would send them with each pane's first update, and Bokeh walks the whole page for each)."""
+    before = page.evaluate(SHEET_LINKS)
+    open_row(page, 4)
+    page.wait_for_timeout(500)
+    assert before > 20 and page.evaluate(SHEET_LINKS) == before
+    open_row(page, 9)
+    page.wait_for_timeout(500)
+    assert page.evaluate(SHEET_LINKS) == before
+
+
 def test_page_loads_with_table_legend_and_no_traceback(page):
     assert "Rollout Studio" in page.title()
     count = text(page.locator(".table-count"))
