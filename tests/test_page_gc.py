@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import weakref
 
 import pytest
@@ -29,6 +30,23 @@ def fast(monkeypatch):
     gc.unfreeze()
 
 
+def run(scenario) -> None:
+    """Run ``scenario()`` on an event loop of its own (a browser test may hold this thread's)."""
+    failed: list[BaseException] = []
+
+    def target():
+        try:
+            asyncio.run(scenario())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    if failed:
+        raise failed[0]
+
+
 async def clicking(seconds: float) -> None:
     for _ in range(int(seconds / 0.05)):
         page_gc.clicked()
@@ -50,7 +68,7 @@ def test_a_closed_page_is_freed_once_clicks_pause(fast):
         assert ref() is None
         assert gc.get_freeze_count() > 0, "what is still alive is frozen again"
 
-    asyncio.run(scenario())
+    run(scenario)
 
 
 def test_under_constant_clicks_closed_pages_are_freed_once_enough_wait(fast):
@@ -67,4 +85,4 @@ def test_under_constant_clicks_closed_pages_are_freed_once_enough_wait(fast):
         await clicking(0.4)  # the third: swept though nobody paused
         assert all(r() is None for r in refs)
 
-    asyncio.run(scenario())
+    run(scenario)
