@@ -247,10 +247,10 @@ def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
                "correct": "(s.accuracy >= 1)", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
                "created_at": "s.created_at"}
-# the sorts that do not depend on rewards: their pages are cut from the rollouts alone (``ro``), as the
-# newest-first page is, and only the page's groups are scored
-ROLLOUT_SORTS = {"prompt": "p.text", "completion": "ro.text", "n_tokens": "ro.n_tokens", "fork_pos": "ro.fork_pos",
-                 "created_at": "ro.created_at"}
+# the sorts that do not depend on rewards, over the rollouts ``ro``: their pages are cut from the rollouts
+# alone, as the newest-first page is, and only the page's groups are scored
+ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "completion", "n_tokens", "fork_pos",
+                                                                   "created_at")}
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
