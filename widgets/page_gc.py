@@ -22,7 +22,7 @@ from bokeh.document import Document
 from tornado.ioloop import IOLoop
 
 QUIET_S = 2.0  # a sweep waits for this long without a click in any page
-MAX_CLOSED = 20  # ...or for this many closed pages to be waiting (their objects are held until then)
+MAX_CLOSED = 20  # ...or for this many closed pages to be waiting (~6 MB each, held until then)
 CHECK_S = 1.0
 
 _last_click = 0.0
