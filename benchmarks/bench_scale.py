@@ -23,8 +23,10 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
 ``filtered_page_ms_median`` (target < 200 ms)
     The rollout table with a filter (``widgets/rollout_table.py``): ``queries.rollout_table``
     with a run, *incorrect*, a reward range and a prompt text (a different run and text each
-    repetition), at the widget's row limit (5,000), plus ``queries.rollout_count`` for its
-    "N of M" line.
+    repetition), 5,000 rows (``RolloutFilter``'s default limit; the widget's page is 18 rows, so
+    this is the harder case), plus what the widget reads for its "N of M" line on a new filter:
+    ``queries.rollout_table_count`` (under a reward filter it scores the scope again) and
+    ``queries.rollout_count``.
 ``group_ms_median`` (no target; well under 200 ms)
     The group view (``widgets/group_view.py``): ``queries.group`` (every completion with reward,
     advantage and components) and ``queries.tokens_of`` its completions. A random group each time.
@@ -143,8 +145,9 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
                      FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
                      WHERE s.rollout_id = ?""", params + [rids_s[i]])
 
-    def page(f: RolloutFilter):
+    def page(f: RolloutFilter):  # what the table reads for a new filter: its first page and its counts
         queries.rollout_table(store, f, None, cr)
+        queries.rollout_table_count(store, f, None, cr)
         queries.rollout_count(store)
 
     def filtered(i):
@@ -166,7 +169,7 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
         ("rollout_only", lambda i: queries.rollout(store, rids_r[i], None, cr), n,
          "queries.rollout (the header: scored_group's point reads)"),
         ("rollout_sql", sql_header, n, "the header as scored_rollouts_sql over the group (replaced)"),
-        ("filtered_page", filtered, n, "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + rollout_count"),
+        ("filtered_page", filtered, n, "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + its count + rollout_count"),
         ("group", group, n, "queries.group + queries.tokens_of (group view)"),
         ("page_default", lambda i: page(RolloutFilter()), few, "rollout_table() no filter: the first view"),
         ("page_run", lambda i: page(RolloutFilter(run_id=runs[i % len(runs)])), few, "rollout_table(run)"),
