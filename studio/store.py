@@ -63,7 +63,11 @@ class _Watchdog:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="store-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0][1] == self._seq:
+                # the earliest deadline now: wake the thread to wait for it. Otherwise the thread already
+                # wakes no later than this read's limit (a wake-up per read, hundreds a second under
+                # load, made every page wait on this thread for the GIL)
+                self._cond.notify()
             return self._seq
 
     def release(self, token: int) -> None:

@@ -350,6 +350,25 @@ def test_token_reads_have_store_df_s_dtypes(cases):
             pd.testing.assert_frame_equal(queries._small_df(store, q, []), store.df(q), obj=q)
 
 
+def test_a_group_s_tokens_read_at_once_equal_each_rollout_s(cases):
+    """The group view reads its completions' tokens in one query (``tokens_of``) and cuts the rows per
+    rollout: each part is that rollout's own read, imported rows (NULL ids and steps) and rows written
+    out of order included; a rollout without tokens has no part."""
+    store, c = cases
+    store.write({"tokens": pd.DataFrame({"rollout_id": "r~unordered", "pos": [2, 0, 1], "token_id": [5, 6, None],
+                                         "token_text": ["c", "a", None], "logprob": [-0.1, -0.2, None]})})
+    imported = store.df("SELECT rollout_id FROM rollouts WHERE run_id IN (SELECT run_id FROM runs WHERE kind = 'import') "
+                        "ORDER BY rollout_id LIMIT 6")["rollout_id"].tolist()
+    group = store.df("SELECT rollout_id FROM rollouts WHERE group_id = ?", [c["token_groups"][0]])["rollout_id"].tolist()
+    asked = group + imported + ["r~unordered", "r~no-such-rollout"]
+    parts = queries.tokens_of(store, asked)
+    with_tokens = [r for r in asked if len(queries.tokens(store, r))]
+    assert sorted(parts) == sorted(with_tokens) and "r~no-such-rollout" not in parts and len(with_tokens) > len(group)
+    for rid in with_tokens:  # the same values; a column with NULLs in another part reads as nullable (Int32)
+        pd.testing.assert_frame_equal(parts[rid], queries.tokens(store, rid), obj=rid, check_dtype=False)
+    assert queries.tokens_of(store, ["r~no-such-rollout"]) == {}
+
+
 def test_whiten_is_reinforce_pp_s_second_stage():
     # a = (0.5, -0.5 | 0, 0): batch 0 has mean 0 and population std 0.5, batch 1 is all equal -> 0
     assert whiten(np.array([0.5, -0.5, 0.0, 0.0]), np.array([0, 0, 1, 1])) == pytest.approx([1.0, -1.0, 0.0, 0.0])

@@ -30,9 +30,11 @@ from widgets import page_gc
 from widgets.style import CHANNELS
 
 
-# The threads every session's selections read on (two: more only take turns at the GIL, and
-# each turn the event loop waits for is a wait every open page feels).
-_PRELOAD = ThreadPoolExecutor(max_workers=2, thread_name_prefix="studio-preload")
+# The threads every session's selections read on. Four: a click's reads spend most of their time in
+# DuckDB, without the GIL, so with two, twenty pages' clicks queued for a thread while a core sat idle
+# (benchmarks/bench_load.py, N=20: p95 1.0-1.1 s with two, 0.67-0.79 s with four and one watchdog wake-up
+# per deadline, not per read).
+_PRELOAD = ThreadPoolExecutor(max_workers=4, thread_name_prefix="studio-preload")
 
 
 class StudioState(param.Parameterized):
