@@ -390,3 +390,33 @@ def test_the_strip_opens_an_imported_rollout_without_alternatives(cases):
     n = store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ?", [rid])
     assert f"{n} tokens" in strip._header.object and strip._strip.object.count('class="tok') == n
     assert "top-0 alternatives" in strip._strip.object
+
+
+def test_a_click_drawn_ahead_on_a_thread_is_what_the_views_draw_in_place(seeded_store):
+    """A served click draws the token strip and the group's cards on a preload thread, keyed by the
+    state values they show; the event loop then sets that HTML. It must be exactly what the views
+    draw in place for the same state, and a value changed meanwhile (the channel) is drawn afresh."""
+    from widgets.group_view import GroupView
+    from widgets.state import StudioState
+    from widgets.token_strip import TokenStrip
+
+    store = seeded_store
+    rid, gid = store.df("SELECT rollout_id, group_id FROM rollouts ORDER BY rollout_id LIMIT 1").iloc[0]
+    state = StudioState(store=store)
+    strip, view = TokenStrip(state=state), GroupView(state=state)
+    state.fork_pos = 3  # picked on another rollout: a new rollout shows none picked
+    found: dict = {}
+    for preload in state._preloaders:
+        preload(rid, gid, found, False)
+    ahead = found[strip._snapshot(rollout_id=rid, fork_pos=-1).key()]
+    cards = found[("group_cards", view._group_key(gid), "entropy")]
+    state.param.update(rollout_id=rid, group_id=gid)  # no served page: drawn in place, from no preload
+    assert ahead == (strip._legend.object, strip._header.object, strip._strip.object)
+    assert cards == view._grid.object and f'data-rollout="{rid}"' in ahead[2] and 'class="tok picked"' not in ahead[2]
+    state._preloaded = found  # as StudioState._apply sets it, with the channel changed since the reads
+    try:
+        state.channel = "logprob"
+    finally:
+        state._preloaded = {}
+    assert 'data-channel="logprob"' in strip._strip.object and strip._strip.object != ahead[2]
+    assert 'data-channel="logprob"' in view._grid.object

@@ -43,7 +43,7 @@ class GroupView(pn.viewable.Viewer):
         super().__init__(**params)
         self._labels: dict[str, str] = {}
         self._samples: dict[str, str] = {}  # "#3" -> rollout_id
-        self._cached: tuple[pd.DataFrame, dict[str, pd.DataFrame]] | None = None
+        self._cached: tuple[list[dict], dict[str, pd.DataFrame], tuple] | None = None  # rows, tokens, key
         self._cards: dict[str, str] = {}  # channel -> the cached group's cards
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group (of the table's page)", width=420,
                                                     css_classes=["group-picker"])
@@ -125,7 +125,9 @@ class GroupView(pn.viewable.Viewer):
         elif group_id == self.state.group_id:  # the same group: only the highlight moves
             return
         key = self._group_key(group_id)
-        found[key] = self._load(key, found.get(("scored_group",) + key[1:]))
+        found[key] = rows, toks, adv = self._load(key, found.get(("scored_group",) + key[1:]))
+        channel = self.state.channel  # its cards drawn here too: the event loop then only sets them
+        found[("group_cards", key, channel)] = self._cards_html(rows, toks, adv, channel)
 
     def _groups(self, rule_version: str | None, page_groups: tuple[str, ...], shown: str) -> dict[str, str]:
         """The picker's labels -> group ids: the groups on the table's page and the shown group
@@ -166,7 +168,7 @@ class GroupView(pn.viewable.Viewer):
             msg = "Select a rollout or a group to compare its completions." if not st.group_id else "This group has no rollouts."
             self._header.object, self._grid.object = f'<div class="empty">{esc(msg)}</div>', ""
             return
-        self._cached = (rows, toks)
+        self._cached = (rows, toks, key)
         first = rows[0]
         gold = queries.prompt_of_row(first).gold.get("answer", "?")
         rewards = pd.Series([r["reward"] for r in rows], dtype=float)  # NaN: not scored (skipped below)
@@ -188,24 +190,30 @@ class GroupView(pn.viewable.Viewer):
         only the id of the card to mark: the browser moves the highlight)."""
         if self._cached is None:
             return
-        rows, toks = self._cached
+        rows, toks, key = self._cached
         st = self.state
         if st.channel not in self._cards:
-            names = sorted({c for r in rows for c in r["components"] if c != "total"})
-            cards = "".join(self._card(r, toks.get(r["rollout_id"]), names) for r in rows)
-            self._cards[st.channel] = f'<div class="grid">{cards}</div>'
+            self._cards[st.channel] = st.preloaded(("group_cards", key, st.channel),
+                                                   lambda: self._cards_html(rows, toks, self._token_adv, st.channel))
         self._grid.param.update(object=self._cards[st.channel], marked=st.rollout_id)
         current = next((k for k, v in self._samples.items() if v == st.rollout_id), None)
         if current != self.open_sample:
             self.open_sample = current
 
-    def _card(self, row: dict, toks: pd.DataFrame | None, components: list[str]) -> str:
-        st = self.state
+    @staticmethod
+    def _cards_html(rows: list[dict], toks: dict, token_adv: dict, channel: str) -> str:
+        """The group's cards coloured by ``channel``: string work only (a thread draws them ahead)."""
+        names = sorted({c for r in rows for c in r["components"] if c != "total"})
+        cards = "".join(GroupView._card(r, toks.get(r["rollout_id"]), names, token_adv, channel) for r in rows)
+        return f'<div class="grid">{cards}</div>'
+
+    @staticmethod
+    def _card(row: dict, toks: pd.DataFrame | None, components: list[str], token_adv: dict, channel: str) -> str:
         ok = row["accuracy"] is not None and row["accuracy"] >= 1
         comps = "".join(f'<span>{esc(c)} <b>{row["components"][c]:.2f}</b></span>' for c in components
                         if row["components"].get(c) is not None)
-        adv = self._token_adv.get(row["rollout_id"], row["advantage"]) if self._token_adv else row["advantage"]
-        strip = strip_html(toks, st.channel, adv, None, step_verdicts(row), compact=True) \
+        adv = token_adv.get(row["rollout_id"], row["advantage"]) if token_adv else row["advantage"]
+        strip = strip_html(toks, channel, adv, None, step_verdicts(row), compact=True) \
             if toks is not None else '<div class="empty">no tokens stored</div>'
         reward = float("nan") if row["reward"] is None else row["reward"]
         return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}" data-mark="{esc(row["rollout_id"])}">'

@@ -5,6 +5,7 @@ placed in HTML: tokens and completions are shown as text, never interpreted.
 """
 from __future__ import annotations
 
+import functools
 import html
 from dataclasses import dataclass
 
@@ -34,18 +35,28 @@ class Scale:
         return min(1.0, max(0.0, (float(v) - self.lo) / (self.hi - self.lo)))
 
     def color(self, v: float | None) -> str:
-        f = self.frac(v)
-        if f is None:
-            return "#f1f3f5"
-        seg = f * (len(self.stops) - 1)
-        i = min(int(seg), len(self.stops) - 2)
-        a, b = _rgb(self.stops[i]), _rgb(self.stops[i + 1])
-        t = seg - i
-        return "#%02x%02x%02x" % tuple(round(x + (y - x) * t) for x, y in zip(a, b))
+        return self.colors(v)[0]
 
     def text_color(self, v: float | None) -> str:
-        r, g, b = _rgb(self.color(v))
-        return "#ffffff" if 0.299 * r + 0.587 * g + 0.114 * b < 140 else "#1b1e23"
+        return self.colors(v)[1]
+
+    def colors(self, v: float | None) -> tuple[str, str]:
+        """The background for ``v`` and the text colour readable on it (one computation: a strip
+        asks for both of every token's value)."""
+        f = self.frac(v)
+        if f is None:
+            return "#f1f3f5", "#1b1e23"
+        stops = self._stops_rgb
+        seg = f * (len(stops) - 1)
+        i = min(int(seg), len(stops) - 2)
+        (r0, g0, b0), (r1, g1, b1) = stops[i], stops[i + 1]
+        t = seg - i
+        r, g, b = round(r0 + (r1 - r0) * t), round(g0 + (g1 - g0) * t), round(b0 + (b1 - b0) * t)
+        return "#%02x%02x%02x" % (r, g, b), "#ffffff" if 0.299 * r + 0.587 * g + 0.114 * b < 140 else "#1b1e23"
+
+    @functools.cached_property
+    def _stops_rgb(self) -> tuple[tuple[int, int, int], ...]:
+        return tuple(_rgb(c) for c in self.stops)
 
     def legend_html(self, compact: bool = False) -> str:
         """The scale's legend line; ``compact`` keeps the explanation in the hover title only

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -160,7 +161,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         if picked is not None and row.pos == picked:
             cls += " picked"
         if v not in colors:
-            colors[v] = (scale.color(v), scale.text_color(v))
+            colors[v] = scale.colors(v)
         bg, fg = colors[v]
         card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i])
         vtxt = "" if v is None else f"{v:.4f}"
@@ -227,6 +228,25 @@ def step_verdicts(rollout: dict) -> dict[int, bool | None]:
         return {}
 
 
+# Every state value the strip's HTML depends on: its redraw watches them, and the HTML drawn ahead
+# on a thread for a click is keyed by them (a value changed meanwhile draws again).
+SHOWN = ("rollout_id", "channel", "refresh", "fork_pos", "fork_mode", "fork_q", "fork_abs", "fork_scope", "table_filter",
+         "estimator", "kl_beta", "reference", "gae_gamma", "gae_lam", "value_source", "segmenter", "step_pattern",
+         "step_source", "step_agg", "gate_tau", "rule_version")
+
+
+class _Shown(types.SimpleNamespace):
+    """The state's :data:`SHOWN` values at one moment (and its store), with the state's derived
+    settings computed from them, not from the state as it is by the time they are used."""
+
+    credit = StudioState.credit
+    segmentation = StudioState.segmentation
+    fork_rule = StudioState.fork_rule
+
+    def key(self) -> tuple:
+        return ("strip_html",) + tuple(getattr(self, name) for name in SHOWN)
+
+
 class TokenStrip(pn.viewable.Viewer):
     """The selected rollout's tokens, coloured by the state's channel; forks marked, a
     click picks a token for branching (``state.fork_pos``)."""
@@ -247,22 +267,32 @@ class TokenStrip(pn.viewable.Viewer):
         self.state.add_preloader(self._preload)
         self._render()
 
-    def _view_key(self, rollout_id: str) -> tuple:
+    def _view_key(self, s) -> tuple:
+        return ("rollout_view", s.rollout_id, s.credit(), s.rule_version or None, s.segmentation())
+
+    def _snapshot(self, **changes) -> "_Shown":
+        """The state values the strip's HTML depends on (:data:`SHOWN`), as they are, or as ``changes``
+        will make them."""
         st = self.state
-        return ("rollout_view", rollout_id, st.credit(), st.rule_version or None, st.segmentation())
+        return _Shown(store=st.store, **{name: changes.get(name, getattr(st, name)) for name in SHOWN})
 
     def _preload(self, rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
-        """Read ahead what :meth:`_show` reads for ``rollout_id`` (on a thread: see StudioState.select),
-        and its group as scored for the header, which the group view draws from."""
-        key = self._view_key(rollout_id)
-        view = credit.rollout_view(self.state.store, *key[1:])
+        """Read ahead what :meth:`_show` shows for ``rollout_id`` and draw it (on a thread: see
+        StudioState.select; the event loop that serves every page then only sets the HTML), with the
+        rollout's group as scored for the header, which the group view draws from."""
+        st = self.state
+        s = self._snapshot(rollout_id=rollout_id, refresh=st.refresh + fresh,
+                           fork_pos=st.fork_pos if rollout_id == st.rollout_id else -1)  # a new rollout: none picked
+        key = self._view_key(s)
+        view = credit.rollout_view(st.store, *key[1:])
         found[key] = view
-        if view is not None:
-            found[("scored_group", view.group.group_id, key[2], key[3])] = view.group
-            tkey = self._threshold_key(view.rollout, self.state.refresh + fresh)  # new rows: a new quantile
-            if tkey not in self._thresholds:  # a run (or scope) not seen yet: its quantile over the run's tokens
-                found[("threshold", tkey)] = forks.threshold(self.state.store, tkey[0], rollout_id,
-                                                             self.state.table_filter)
+        if view is None:
+            return
+        found[("scored_group", view.group.group_id, key[2], key[3])] = view.group
+        tkey = self._threshold_key(view.rollout, s)
+        if tkey not in self._thresholds:  # a run (or scope) not seen yet: its quantile over the run's tokens
+            found[("threshold", tkey)] = forks.threshold(st.store, tkey[0], rollout_id, s.table_filter)
+        found[s.key()] = self._compose(s, lambda k, compute: found[k] if k in found else compute())
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "token" and value.isdigit():
@@ -272,11 +302,7 @@ class TokenStrip(pn.viewable.Viewer):
     def _new_rollout(self) -> None:
         self.state.fork_pos = -1
 
-    @param.depends("state.rollout_id", "state.channel", "state.refresh", "state.fork_pos", "state.fork_mode",
-                   "state.fork_q", "state.fork_abs", "state.fork_scope", "state.table_filter", "state.estimator",
-                   "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
-                   "state.segmenter", "state.step_pattern", "state.step_source", "state.step_agg", "state.gate_tau",
-                   "state.rule_version", watch=True)
+    @param.depends(*(f"state.{name}" for name in SHOWN), watch=True)
     def _render(self) -> None:
         try:
             self._show()
@@ -285,69 +311,70 @@ class TokenStrip(pn.viewable.Viewer):
         except ValueError as exc:  # a bad segmentation pattern or estimator setting: say which
             self._header.object, self._strip.object = banner("error", str(exc)), ""
 
-    def _threshold_key(self, ro: dict, refresh: int | None = None) -> tuple:
-        st = self.state
-        rule = st.fork_rule()
+    def _threshold_key(self, ro: dict, s) -> tuple:
+        rule = s.fork_rule()
         return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
-                st.table_filter if rule.scope == "filter" else None, st.refresh if refresh is None else refresh)
+                s.table_filter if rule.scope == "filter" else None, s.refresh)
 
-    def threshold(self, ro: dict) -> forks.Threshold:
+    def threshold(self, ro: dict, s=None, preloaded=None) -> forks.Threshold:
         """The fork threshold for this rollout's scope (cached per scope, rule and refresh)."""
-        st = self.state
-        key = self._threshold_key(ro)
+        s = s or self._snapshot()
+        key = self._threshold_key(ro, s)
         if key not in self._thresholds:
             if len(self._thresholds) > 64:
                 self._thresholds.clear()
-            self._thresholds[key] = st.preloaded(
-                ("threshold", key), lambda: forks.threshold(st.store, key[0], ro["rollout_id"], st.table_filter))
+            self._thresholds[key] = (preloaded or self.state.preloaded)(
+                ("threshold", key), lambda: forks.threshold(s.store, key[0], ro["rollout_id"], s.table_filter))
         return self._thresholds[key]
 
     def _show(self) -> None:
-        st = self.state
-        if not st.rollout_id:
-            self._legend.object = SCALES[st.channel].legend_html()
-            self._header.object = '<div class="empty">Select a rollout in the table to see its tokens.</div>'
-            self._strip.object = ""
-            return
-        cr = st.credit()
+        s = self._snapshot()
+        self._legend.object, self._header.object, self._strip.object = self.state.preloaded(
+            s.key(), lambda: self._compose(s, self.state.preloaded))
+
+    def _compose(self, s: "_Shown", preloaded) -> tuple[str, str, str]:
+        """The legend, header and strip HTML for the state values ``s``: store reads (through
+        ``preloaded(key, compute)``, what a preloader read) and string work only, so it runs on a
+        thread as well as on the event loop."""
+        if not s.rollout_id:
+            return (SCALES[s.channel].legend_html(),
+                    '<div class="empty">Select a rollout in the table to see its tokens.</div>', "")
+        cr = s.credit()
         # the header, tokens, per-token advantages and steps: the group scored once, the tokens read once
-        key = self._view_key(st.rollout_id)
-        view = st.preloaded(key, lambda: credit.rollout_view(st.store, *key[1:]))
+        key = self._view_key(s)
+        view = preloaded(key, lambda: credit.rollout_view(s.store, *key[1:]))
         if view is None:
-            self._legend.object = SCALES[st.channel].legend_html()
-            self._header.object = f'<div class="empty">Rollout {esc(st.rollout_id)} is not in this store.</div>'
-            self._strip.object = ""
-            return
+            return (SCALES[s.channel].legend_html(),
+                    f'<div class="empty">Rollout {esc(s.rollout_id)} is not in this store.</div>', "")
         ro, toks, tc, steps = view.rollout, view.tokens, view.credit, view.steps
-        thr = self.threshold(ro)
+        thr = self.threshold(ro, s, preloaded)
         sv, sa, step_line = {}, {}, ""
-        if st.step_source:
-            sr = credit.step_rewards(st.store, st.rollout_id, st.step_source, st.segmentation(),
-                                     st.reference or None, float(st.kl_beta))
+        if s.step_source:
+            sr = credit.step_rewards(s.store, s.rollout_id, s.step_source, s.segmentation(),
+                                     s.reference or None, float(s.kl_beta))
             if len(sr):
                 steps = sr[["step_idx", "start_pos", "end_pos"]]
                 sv = dict(zip(sr["step_idx"].astype(int), sr["value"]))
-                sa = credit.group_step_advantages(st.store, st.rollout_id, st.step_source, st.segmentation(),
-                                                  st.reference or None, float(st.kl_beta))
-                agg = credit.aggregate(sr["value"].to_numpy(), st.step_agg)
-                gated = credit.gated(float(ro["reward"]), sr["value"].to_numpy(), float(st.gate_tau)) \
+                sa = credit.group_step_advantages(s.store, s.rollout_id, s.step_source, s.segmentation(),
+                                                  s.reference or None, float(s.kl_beta))
+                agg = credit.aggregate(sr["value"].to_numpy(), s.step_agg)
+                gated = credit.gated(float(ro["reward"]), sr["value"].to_numpy(), float(s.gate_tau)) \
                     if ro.get("reward") is not None and not pd.isna(ro["reward"]) else None
-                step_line = (f'<span>steps <b>{len(sr)}</b> · {esc(st.step_agg)} <b>{num(agg, "+.3f")}</b>'
-                             + (f' · gated R (τ={st.gate_tau:g}) <b>{num(gated, "+.3f")}</b>' if gated is not None else "")
+                step_line = (f'<span>steps <b>{len(sr)}</b> · {esc(s.step_agg)} <b>{num(agg, "+.3f")}</b>'
+                             + (f' · gated R (τ={s.gate_tau:g}) <b>{num(gated, "+.3f")}</b>' if gated is not None else "")
                              + "</span>")
             else:
-                step_line = f'<span class="lg-help">no step rewards from {esc(st.step_source)} for this rollout</span>'
+                step_line = f'<span class="lg-help">no step rewards from {esc(s.step_source)} for this rollout</span>'
         est_note = "" if tc.values is not None else (
             f'<div class="legend"><span class="lg-help">advantage: {esc(tc.note or "no reward")}</span></div>')
-        legend = SCALES[st.channel].legend_html()
-        if st.channel in ("advantage", "weight"):
+        legend = SCALES[s.channel].legend_html()
+        if s.channel in ("advantage", "weight"):
             legend += f'<div class="legend"><span class="lg-name">estimator</span><span>{esc(cr.describe())}</span></div>'
         if sv:
-            legend += replace(STEP_SCALE, label=f"step reward · {st.step_source}").legend_html(compact=True)
+            legend += replace(STEP_SCALE, label=f"step reward · {s.step_source}").legend_html(compact=True)
             legend += replace(SCALES["advantage"], label="step advantage",
                               help="second bar: (r − group mean) / group std over all step rewards of the group, "
                                    "summed over this and later steps (process supervision)").legend_html(compact=True)
-        self._legend.object = legend + fork_key_html(thr) + est_note
         flat = sorted({int(i) for ids in toks["topk_ids"] for i in listed(ids)})
         names = dict(zip(flat, decode_ids(ro.get("policy"), flat)))
         alts = [[names.get(int(i), f"#{i}") for i in listed(ids)] for ids in toks["topk_ids"]]
@@ -359,15 +386,15 @@ class TokenStrip(pn.viewable.Viewer):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
         adv_label = "advantage" if ESTIMATORS[cr.estimator].level == "sequence" else "A₀"
         reward = "–" if ro["reward"] is None or pd.isna(ro["reward"]) else f"{ro['reward']:.3f}"
-        self._header.object = (
+        header = (
             f'<div class="meta-line"><span>prompt <b>{esc(ro["prompt"])}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b></span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
             f'{comps}<span>{len(toks)} tokens · {esc(ro["finish_reason"])} · <b>{n_forks}</b> forks</span>{branch}'
             f'{step_line}</div>')
-        self._strip.object = strip_html(toks, st.channel, tc.values, alts, step_verdicts(ro),
-                                        fork_threshold=thr.value, picked=st.fork_pos if st.fork_pos >= 0 else None,
-                                        clickable=True, steps=steps, step_values=sv, step_advantages=sa,
-                                        rollout_id=st.rollout_id)
+        strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),
+                           fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
+                           clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id)
+        return legend + fork_key_html(thr) + est_note, header, strip
 
     def __panel__(self):
         return self._layout
