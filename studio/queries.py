@@ -254,7 +254,7 @@ ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "com
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
-                      offset: int = 0, sort: tuple[str, bool] | None = None) -> tuple[str, list]:
+                      offset: int = 0, sort: tuple[str, bool] | None = None, count: bool = False) -> tuple[str, list]:
     """The rollout table's rows for filter ``f``: newest first (or by ``sort``: a column of
     :data:`TABLE_SORTS` and whether descending, then newest first), at most ``f.limit`` of them
     after skipping ``offset`` (a page further down, cut in DuckDB).
@@ -265,6 +265,10 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     the unfiltered store. Without a correctness or reward filter the rows shown do not
     depend on rewards, so the page is ordered and cut in DuckDB from ``rollouts`` alone and
     only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a million).
+
+    With ``count``, where the whole scope is scored (:func:`scores_scope`), each row also carries
+    ``_total``: how many rows the filter keeps over all pages, counted in the same pass
+    (``count(*) OVER ()``, before the page is cut).
     """
     ctes, cparams = [], []
     groups, sparams = _whole_group_conditions(f)
@@ -298,7 +302,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         order = f"{TABLE_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {order}"
     # a page cut from the rollouts first (only its groups are scored) unless the rows shown or their
     # order depend on rewards, or every row is asked for
-    paged = not (on_rewards or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX)
+    paged = not scores_scope(f, sort)
     if not paged:
         cond, skip = " AND ".join(scope), int(offset)
         sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
@@ -343,10 +347,11 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         cond += " AND ro.group_id IN (SELECT group_id FROM page)"
         where, skip = ["s.rollout_id IN (SELECT rollout_id FROM page)"], 0  # the page holds just its rows
     base, params = scored_rollouts_sql(rule_version_id, cond, sparams, credit, narrow=narrow)
+    total = ", count(*) OVER () AS _total" if count and not paged else ""
     sql = f"""{"WITH " + ", ".join(ctes) if ctes else ""}
         SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.advantage,
                s.accuracy >= 1 AS correct, s.n_tokens, s.finish_reason, r.name AS run,
-               s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id
+               s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id{total}
         FROM ({base}) s
         JOIN prompts p USING (prompt_id)
         JOIN runs r USING (run_id)
@@ -360,6 +365,29 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
 def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                   credit: Credit | None = None, offset: int = 0, sort: tuple[str, bool] | None = None) -> pd.DataFrame:
     return store.df(*rollout_table_sql(rule_version_id, f, credit, offset, sort))
+
+
+def scores_scope(f: RolloutFilter, sort: tuple[str, bool] | None = None) -> bool:
+    """Whether :func:`rollout_table` scores every row under ``f`` before it cuts the page: the rows
+    shown or their order depend on rewards, or (nearly) every row is asked for. Otherwise the page
+    is cut from the rollouts first and only its groups are scored."""
+    return (f.correct is not None or f.reward_min is not None or f.reward_max is not None
+            or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX)
+
+
+def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
+                          credit: Credit | None = None, offset: int = 0,
+                          sort: tuple[str, bool] | None = None) -> tuple[pd.DataFrame, int | None]:
+    """:func:`rollout_table`'s page, and how many rows ``f`` keeps over all its pages where the page
+    came from scoring the whole scope (:func:`scores_scope`) and is not empty: counted in the same
+    pass, where :func:`rollout_table_count` would score the scope again (a 1M-rollout store: the
+    count cost as much as the page). None: ask :func:`rollout_table_count` (from ``rollouts`` alone
+    when nothing depends on rewards)."""
+    df = store.df(*rollout_table_sql(rule_version_id, f, credit, offset, sort, count=True))
+    if "_total" not in df.columns:
+        return df, None
+    total = df.pop("_total")
+    return df, (int(total.iloc[0]) if len(df) else None)
 
 
 def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,

@@ -188,6 +188,30 @@ def test_table_pages_count_and_sort_every_row_in_the_store(seeded_store):
         queries.rollout_table(seeded_store, sort=("gold", True))
 
 
+def test_a_page_scored_whole_carries_its_filter_s_count(seeded_store):
+    """Under a correctness or reward condition (or a sort by reward) the page comes from scoring
+    every row under the filter, and that pass counts them: the table shows that count, not a
+    second scoring. It equals the filter's count on every page, and the page's rows are the same;
+    a page cut from the rollouts first, or past the last row, leaves the count to ``rollout_table_count``."""
+    from studio.queries import RolloutFilter
+
+    run = seeded_store.scalar("SELECT run_id FROM rollouts ORDER BY rollout_id LIMIT 1")
+    for f, sort in ((RolloutFilter(correct=False, limit=18), None), (RolloutFilter(correct=True, limit=18), None),
+                    (RolloutFilter(reward_min=0.5, limit=18), None),
+                    (RolloutFilter(prompt_contains="3", correct=False, limit=18), None), (RolloutFilter(run_id=run, correct=False, limit=18), ("n_tokens", True)),
+                    (RolloutFilter(limit=18), ("reward", False))):
+        want = queries.rollout_table_count(seeded_store, f)
+        assert queries.scores_scope(f, sort) and want > 18
+        for offset in (0, 18, want - 1):
+            page, n = queries.rollout_table_counted(seeded_store, f, offset=offset, sort=sort)
+            pd.testing.assert_frame_equal(page, queries.rollout_table(seeded_store, f, offset=offset, sort=sort))
+            assert n == want and "_total" not in page.columns
+        assert queries.rollout_table_counted(seeded_store, f, offset=want, sort=sort)[1] is None  # no rows: not counted
+    for f, sort in ((RolloutFilter(limit=18), None), (RolloutFilter(run_id=run, limit=18), ("n_tokens", True))):
+        page, n = queries.rollout_table_counted(seeded_store, f, sort=sort)
+        assert not queries.scores_scope(f, sort) and n is None and len(page) == 18
+
+
 @pytest.mark.parametrize("column", sorted(queries.ROLLOUT_SORTS))
 def test_pages_sorted_by_a_rollout_column_are_the_rows_of_the_whole_sorted_table(seeded_store, column):
     """Sorts that do not depend on rewards cut their page from the rollouts and score only its groups:

@@ -2,8 +2,8 @@
 rows, newest first; select a row to open it in the token strip and its group in the group view.
 
 Paged in the store: the widget holds one page of rows (``PAGE_SIZE``), read with its filter
-by ``queries.rollout_table`` at the page's offset, and the filter's row count from
-``queries.rollout_table_count``. A page opens, refreshes and takes a click in the same time on
+by ``queries.rollout_table_counted`` at the page's offset, with the filter's row count where that
+read scored every row (else ``queries.rollout_table_count``, from the rollouts alone). A page opens, refreshes and takes a click in the same time on
 a 5,000-rollout store as on a million."""
 from __future__ import annotations
 
@@ -116,28 +116,32 @@ class RolloutTable(pn.viewable.Viewer):
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
         f = self.current_filter()
         key = self._rows_key(f, self.page)
-        found[key] = self._read(key)
-        found[("page_groups",)] = list(dict.fromkeys(found[key]["group_id"]))  # for the group view's picker
+        found[key] = rows, n_rows = self._read(key)
+        found[("page_groups",)] = list(dict.fromkeys(rows["group_id"]))  # for the group view's picker
         ckey = self._counts_key(f, st.refresh + 1)  # as it will be once the rows are shown
-        found[ckey] = self._read_counts(ckey)
+        found[ckey] = self._read_counts(ckey, n_rows)
 
     def _rows_key(self, f: queries.RolloutFilter, page: int) -> tuple:
         return ("rollout_table", f, self.state.rule_version or None, self.state.credit(), page, self._sort)
 
-    def _read(self, key: tuple) -> pd.DataFrame:
-        """Page ``page`` of the rows under filter ``f``, in the order ``sort``."""
+    def _read(self, key: tuple) -> tuple[pd.DataFrame, int | None]:
+        """Page ``page`` of the rows under filter ``f``, in the order ``sort``, and how many rows the
+        filter keeps where the page's read counted them (``queries.rollout_table_counted``)."""
         _, f, rule_version, cr, page, sort = key
-        return queries.rollout_table(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
-                                     offset=(page - 1) * PAGE_SIZE, sort=sort)
+        return queries.rollout_table_counted(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
+                                             offset=(page - 1) * PAGE_SIZE, sort=sort)
 
     def _counts_key(self, f: queries.RolloutFilter, refresh: int) -> tuple:
         return ("table_counts", f, self.state.rule_version or None, self.state.credit(), refresh)
 
-    def _read_counts(self, key: tuple) -> tuple[int, int]:
-        """How many rows filter ``f`` keeps, and how many rollouts the store has: read once per
-        filter, scoring and refresh, not per page (under a reward filter the count scores the scope)."""
+    def _read_counts(self, key: tuple, n_rows: int | None = None) -> tuple[int, int]:
+        """How many rows filter ``f`` keeps (``n_rows`` when the page's read counted them: under a
+        reward filter a count of its own would score the scope again), and how many rollouts the
+        store has: once per filter, scoring and refresh, not per page."""
         _, f, rule_version, cr, _ = key
-        return queries.rollout_table_count(self.state.store, f, rule_version, cr), queries.rollout_count(self.state.store)
+        if n_rows is None:
+            n_rows = queries.rollout_table_count(self.state.store, f, rule_version, cr)
+        return n_rows, queries.rollout_count(self.state.store)
 
     def _update_choices(self) -> None:
         st = self.state
@@ -223,10 +227,11 @@ class RolloutTable(pn.viewable.Viewer):
         f = st.table_filter
         key, ckey = self._rows_key(f, self.page), self._counts_key(f, st.refresh)
         try:
+            rows, n_rows = st.preloaded(key, lambda: self._read(key))
             if ckey != self._counted:
-                self._n_rows, self._total = st.preloaded(ckey, lambda: self._read_counts(ckey))
+                self._n_rows, self._total = st.preloaded(ckey, lambda: self._read_counts(ckey, n_rows))
                 self._counted = ckey
-            df = st.preloaded(key, lambda: self._read(key)).reindex(columns=COLUMNS)
+            df = rows.reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return
