@@ -112,3 +112,23 @@ def test_panel_serve_launch_py_works(tmp_path):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(10)
+
+
+@pytest.mark.parametrize("env, expected", [({}, False), ({"BOKEH_PERFORM_ERROR_DIAGNOSTICS": "true"}, True)])
+def test_serving_turns_off_bokeh_s_costly_diagnostics_unless_asked(monkeypatch, env, expected):
+    """A served studio skips Bokeh's close-match suggestions and callback signature checks (work on
+    every update of a custom component); someone debugging keeps them with Bokeh's own variable."""
+    from bokeh.models import Div
+    from bokeh.settings import settings
+
+    monkeypatch.delenv("BOKEH_PERFORM_ERROR_DIAGNOSTICS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        launch.serving_diagnostics()
+        assert settings.perform_error_diagnostics() is expected
+        with pytest.raises(AttributeError, match="objekt") as err:
+            Div().objekt  # noqa: B018 - still an error, with suggestions only when asked for
+        assert ("possible attributes" in str(err.value)) is expected
+    finally:
+        settings.perform_error_diagnostics.unset_value()
