@@ -86,3 +86,23 @@ def test_under_constant_clicks_closed_pages_are_freed_once_enough_wait(fast):
         assert all(r() is None for r in refs)
 
     run(scenario)
+
+
+def test_pages_being_opened_are_not_a_quiet_moment(fast):
+    """A sweep walks every open page (~0.7 s with twenty): not while people open pages either."""
+    from bokeh.document import Document
+
+    async def scenario():
+        page = Page()
+        ref = weakref.ref(page)
+        page_gc._freeze()
+        del page
+        page_gc._on_closed(None)
+        for _ in range(16):  # people arrive, nobody clicks yet: no sweep under the page builds
+            page_gc.track(Document())
+            await asyncio.sleep(0.05)
+        assert ref() is not None
+        await asyncio.sleep(0.6)  # then a quiet moment
+        assert ref() is None
+
+    run(scenario)
