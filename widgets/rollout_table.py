@@ -3,8 +3,8 @@ rows, newest first; select a row to open it in the token strip and its group in 
 
 Paged in the store: the widget holds one page of rows (``PAGE_SIZE``), read with its filter
 by ``queries.rollout_table_counted`` at the page's offset, with the filter's row count where that
-read scored every row (else ``queries.rollout_table_count``, from the rollouts alone). A page opens, refreshes and takes a click in the same time on
-a 5,000-rollout store as on a million."""
+read scored every row (else ``queries.rollout_table_count``, from the rollouts alone). A page
+opens, refreshes and takes a click in the same time on a 5,000-rollout store as on a million."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -289,9 +289,7 @@ class TokenStrip(pn.viewable.Viewer):
         if view is None:
             return
         found[("scored_group", view.group.group_id, key[2], key[3])] = view.group
-        tkey = self._threshold_key(view.rollout, s)
-        if tkey not in self._thresholds:  # a run (or scope) not seen yet: its quantile over the run's tokens
-            found[("threshold", tkey)] = forks.threshold(st.store, tkey[0], rollout_id, s.table_filter)
+        # drawn here too (a run or scope not seen yet: its fork threshold, a quantile over its tokens)
         found[s.key()] = self._compose(s, lambda k, compute: found[k] if k in found else compute())
 
     def _on_click(self, kind: str, value: str) -> None:
@@ -316,15 +314,13 @@ class TokenStrip(pn.viewable.Viewer):
         return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
                 s.table_filter if rule.scope == "filter" else None, s.refresh)
 
-    def threshold(self, ro: dict, s=None, preloaded=None) -> forks.Threshold:
+    def threshold(self, ro: dict, s: "_Shown") -> forks.Threshold:
         """The fork threshold for this rollout's scope (cached per scope, rule and refresh)."""
-        s = s or self._snapshot()
         key = self._threshold_key(ro, s)
         if key not in self._thresholds:
             if len(self._thresholds) > 64:
                 self._thresholds.clear()
-            self._thresholds[key] = (preloaded or self.state.preloaded)(
-                ("threshold", key), lambda: forks.threshold(s.store, key[0], ro["rollout_id"], s.table_filter))
+            self._thresholds[key] = forks.threshold(s.store, key[0], ro["rollout_id"], s.table_filter)
         return self._thresholds[key]
 
     def _show(self) -> None:
@@ -347,7 +343,7 @@ class TokenStrip(pn.viewable.Viewer):
             return (SCALES[s.channel].legend_html(),
                     f'<div class="empty">Rollout {esc(s.rollout_id)} is not in this store.</div>', "")
         ro, toks, tc, steps = view.rollout, view.tokens, view.credit, view.steps
-        thr = self.threshold(ro, s, preloaded)
+        thr = self.threshold(ro, s)
         sv, sa, step_line = {}, {}, ""
         if s.step_source:
             sr = credit.step_rewards(s.store, s.rollout_id, s.step_source, s.segmentation(),
