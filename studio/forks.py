@@ -322,8 +322,11 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
         if gens is None:
             result.status = "cancelled"
         else:
-            frames = await asyncio.to_thread(branch_frames, plan, run_id, gens, rule, version)
-            await asyncio.to_thread(store.write, frames)  # off the event loop, as Generate stores
+            def store_branches() -> dict:  # scored and stored on a thread, as Generate stores: not on the event loop
+                frames = branch_frames(plan, run_id, gens, rule, version)
+                store.write(frames)
+                return frames
+            frames = await asyncio.to_thread(store_branches)
             result.rollouts = len(frames["rollouts"])
             result.rollout_ids = frames["rollouts"]["rollout_id"].tolist()
             result.group_id = frames["rollouts"]["group_id"].iloc[0]

@@ -371,8 +371,12 @@ def scores_scope(f: RolloutFilter, sort: tuple[str, bool] | None = None) -> bool
     """Whether :func:`rollout_table` scores every row under ``f`` before it cuts the page: the rows
     shown or their order depend on rewards, or (nearly) every row is asked for. Otherwise the page
     is cut from the rollouts first and only its groups are scored."""
-    return (f.correct is not None or f.reward_min is not None or f.reward_max is not None
-            or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX)
+    return _keeps_by_reward(f) or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX
+
+
+def _keeps_by_reward(f: RolloutFilter) -> bool:
+    """Whether which rows ``f`` keeps depends on rewards (a correctness or reward condition)."""
+    return f.correct is not None or f.reward_min is not None or f.reward_max is not None
 
 
 def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
@@ -398,7 +402,7 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     counted from ``rollouts`` alone (a 1M-rollout store counts in milliseconds); with one, the
     filter's scope is scored, as a page under that filter is.
     """
-    if f.correct is None and f.reward_min is None and f.reward_max is None:
+    if not _keeps_by_reward(f):
         conds, params = _whole_group_conditions(f)
         if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
             conds.append("contains(lower(p.text), lower(?))"); params.append(f.prompt_contains.strip())

@@ -174,5 +174,6 @@ def chip(value: float | None, scale: Scale) -> str:
     """A small coloured badge showing ``value`` on ``scale``."""
     if value is None or value != value:
         return '<span class="chip" style="background:#f1f3f5">–</span>'
-    return (f'<span class="chip" style="background:{scale.color(value)};color:{scale.text_color(value)}">'
+    bg, fg = scale.colors(value)
+    return (f'<span class="chip" style="background:{bg};color:{fg}">'
             f'{esc(scale.fmt.format(value))}</span>')

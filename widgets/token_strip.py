@@ -174,15 +174,16 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             if sv is None or sv != sv:
                 bar = '<span class="sbar none" title="no step reward">–</span>'
             else:
+                sbg, sfg = STEP_SCALE.colors(sv)
                 bar = (f'<span class="sbar" data-step-value="{sv:.4f}" title="step {k + 1}: {sv:+.4f}" '
-                       f'style="background:{STEP_SCALE.color(sv)};color:{STEP_SCALE.text_color(sv)}">{num(sv, "+.2f")}</span>')
+                       f'style="background:{sbg};color:{sfg}">{num(sv, "+.2f")}</span>')
             abar = ""
             if step_advantages:
                 sa = step_advantages.get(k)
+                abg, afg = SCALES["advantage"].colors(sa)
                 abar = ('<span class="sbar abar none" title="no step advantage">–</span>' if sa is None else
                         f'<span class="sbar abar" data-step-adv="{sa:.4f}" title="step {k + 1} advantage: {sa:+.4f}" '
-                        f'style="background:{SCALES["advantage"].color(sa)};color:{SCALES["advantage"].text_color(sa)}">'
-                        f'{num(sa, "+.2f")}</span>')
+                        f'style="background:{abg};color:{afg}">{num(sa, "+.2f")}</span>')
             parts.append(f"</span>{bar if step_values else ''}{abar}</span>")
             in_box = False
         if text == "\n":
