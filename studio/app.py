@@ -150,8 +150,11 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
                             f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
 
+    counts = state.fresh_read(("counts",), store.counts)
+    policies = state.fresh_read(("policies",), lambda: known_policies(store))
+
     def info_html(refresh: int, policy: str) -> str:  # re-drawn whenever new rollouts are stored
-        n = store.counts()["rollouts"]
+        n = counts()["rollouts"]
         return (f'<div class="meta-line" style="flex-direction:column;gap:2px">'
                 f'<span>store <b>{esc(Path(store.path).name)}</b> · {n:,} rollouts</span>'
                 f'<span>policy <b>{esc(describe_policy(policy))}</b></span></div>')
@@ -163,7 +166,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
                                     css_classes=["policy-picker"])
 
     def sync_policies(*_):
-        opts = known_policies(store)
+        opts = dict(policies())
         if str(state.policy_path) not in opts.values():
             opts[describe_policy(state.policy_path)] = str(state.policy_path)
         policy_pick.options = opts

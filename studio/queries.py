@@ -495,15 +495,20 @@ def _small_df(store: Store, sql: str, params: list) -> pd.DataFrame:
 
 def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     """Tokens of several rollouts in one query: ``{rollout_id: tokens in order}``."""
+    ids = [str(r) for r in rollout_ids]
+    if not ids:
+        return {}
     # IN (SELECT unnest(?)), not list_contains(?, rollout_id): a semi join whose ids DuckDB pushes into the
-    # scan, so only the row groups holding them are read (list_contains reads every column of those row groups)
-    df = _small_df(store, f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) "
-                   "ORDER BY rollout_id, pos", [list(rollout_ids)])
+    # scan, so only the row groups holding them are read (list_contains reads every column of those row groups).
+    # The range of the ids first, a filter the scan applies before it hashes: a group's ids are made together
+    # and sort together, so most rows fail it at once (a group's read ~2x faster, on 5k and on 1M rollouts)
+    df = _small_df(store, f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE rollout_id BETWEEN ? AND ? "
+                   "AND rollout_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY rollout_id, pos", [min(ids), max(ids), ids])
     # the rows come sorted by rollout: cut them where the id changes (a groupby took ~5x longer, on the loop's GIL)
-    ids = df["rollout_id"].to_numpy()
-    cuts = (np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist()
+    got = df["rollout_id"].to_numpy()
+    cuts = (np.flatnonzero(got[1:] != got[:-1]) + 1).tolist()
     body = df.drop(columns="rollout_id")
-    return {ids[a]: body.iloc[a:b].reset_index(drop=True) for a, b in zip([0] + cuts, cuts + [len(ids)]) if b > a}
+    return {got[a]: body.iloc[a:b].reset_index(drop=True) for a, b in zip([0] + cuts, cuts + [len(got)]) if b > a}
 
 
 def group(store: Store, group_id: str, rule_version_id: str | None = None, credit: Credit | None = None) -> pd.DataFrame:

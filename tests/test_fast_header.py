@@ -420,3 +420,43 @@ def test_a_click_drawn_ahead_on_a_thread_is_what_the_views_draw_in_place(seeded_
         state._preloaded = {}
     assert 'data-channel="logprob"' in strip._strip.object and strip._strip.object != ahead[2]
     assert 'data-channel="logprob"' in view._grid.object
+
+
+def test_new_rows_reach_every_sidebar_picker_read_off_the_event_loop(seeded_store, monkeypatch):
+    """After a Generate stores rows (``StudioState.stored``), the page's pickers and counts show them:
+    the new run in the run picker, the store's rollout count, the new prompts to pick. What they show
+    is read on the preload thread: the thread that then redraws them (in a served page, the event
+    loop every page shares) reads nothing from the store."""
+    import asyncio
+    import threading
+
+    import widgets.state as wstate
+    from sample_data import POLICY_DIR
+    from studio.app import create_app
+    from studio.generation import GenerateConfig, generate_sync
+    from widgets.generate_panel import GeneratePanel
+    from widgets.rollout_table import RolloutTable
+
+    store = seeded_store
+    made: list = []
+    for cls in (wstate.StudioState, RolloutTable, GeneratePanel):
+        init = cls.__init__
+        monkeypatch.setattr(cls, "__init__", lambda self, _init=init, **p: (_init(self, **p), made.append(self))[0])
+    page = create_app(store=store)
+    state, table, generate = made
+    before = store.counts()["rollouts"]
+    result = generate_sync(store, POLICY_DIR, ["Q: 31+7-2="], GenerateConfig(group_size=3, max_new_tokens=8))
+    assert result.rollouts == 3
+
+    readers: list[str] = []
+    read = store._read
+    monkeypatch.setattr(store, "_read", lambda *a: (readers.append(threading.current_thread().name), read(*a))[1])
+    asyncio.run(state.stored(group_id=result.group_ids[0]))
+
+    here = threading.current_thread().name
+    assert readers and here not in readers  # every read ran on the preload thread
+    assert result.run_id in table._run_ids.values() and f"({result.rollouts})" in next(
+        k for k, v in table._run_ids.items() if v == result.run_id)
+    info = next(o for o in page.sidebar if "store-info" in (o.css_classes or []))
+    assert f"{before + 3:,} rollouts" in info.object
+    assert "Q: 31+7-2=" in generate.param.picked.objects

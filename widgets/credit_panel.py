@@ -45,8 +45,10 @@ def credit_controls(state: StudioState) -> pn.Column:
     step_src = pn.widgets.Select(name="Step rewards under the tokens", sizing_mode="stretch_width",
                                  css_classes=["step-source"])
 
+    sources = state.fresh_read(("credit_sources",), lambda: stored_sources(state.store))
+
     def sync(*_):
-        src = stored_sources(state.store)
+        src = sources()
         ref.options = [NONE] + src["reference"]
         crit.options = [NONE] + src["values"]
         step_src.options = [NONE] + src["steps"]

@@ -182,6 +182,7 @@ class GeneratePanel(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self._cancel = threading.Event()
+        self._sample_prompts = self.state.fresh_read(("sample_prompts",), lambda: queries.sample_prompts(self.state.store))
         self._refresh_prompts()
         self._go = pn.widgets.Button(name="Generate", button_type="primary", sizing_mode="stretch_width",
                                      css_classes=["generate-button"])
@@ -220,7 +221,7 @@ class GeneratePanel(pn.viewable.Viewer):
 
     @param.depends("state.refresh", watch=True)
     def _refresh_prompts(self) -> None:
-        prompts = queries.sample_prompts(self.state.store)
+        prompts = self._sample_prompts()
         self.param.picked.objects = prompts
         self.picked = [p for p in self.picked if p in prompts]
 

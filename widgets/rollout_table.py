@@ -112,7 +112,7 @@ class RolloutTable(pn.viewable.Viewer):
         if not fresh:
             return
         st = self.state
-        found[("runs",)] = queries.runs(st.store)
+        found[("run_labels",)] = self._run_labels()
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
         f = self.current_filter()
         key = self._rows_key(f, self.page)
@@ -128,8 +128,9 @@ class RolloutTable(pn.viewable.Viewer):
         """Page ``page`` of the rows under filter ``f``, in the order ``sort``, and how many rows the
         filter keeps where the page's read counted them (``queries.rollout_table_counted``)."""
         _, f, rule_version, cr, page, sort = key
-        return queries.rollout_table_counted(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
-                                             offset=(page - 1) * PAGE_SIZE, sort=sort)
+        rows, n_rows = queries.rollout_table_counted(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
+                                                     offset=(page - 1) * PAGE_SIZE, sort=sort)
+        return _as_shown(rows), n_rows
 
     def _counts_key(self, f: queries.RolloutFilter, refresh: int) -> tuple:
         return ("table_counts", f, self.state.rule_version or None, self.state.credit(), refresh)
@@ -143,13 +144,19 @@ class RolloutTable(pn.viewable.Viewer):
             n_rows = queries.rollout_table_count(self.state.store, f, rule_version, cr)
         return n_rows, queries.rollout_count(self.state.store)
 
+    def _run_labels(self) -> dict[str, str]:
+        """Label -> run id of every run, as the run picker lists them (the id suffix keeps two runs
+        with the same name and size apart)."""
+        runs = queries.runs(self.state.store)
+        return {f"{name} ({n}) · {rid[-6:]}": rid for name, n, rid in zip(runs["name"], runs["rollouts"], runs["run_id"])}
+
     def _update_choices(self) -> None:
         st = self.state
-        runs = st.preloaded(("runs",), lambda: queries.runs(st.store))
         current = self._run_ids.get(self.run)
-        # the id suffix keeps two runs with the same name and size apart
-        self._run_ids = {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs.itertuples()}
-        self.param.run.objects = [ALL_RUNS, *self._run_ids]
+        labels = st.preloaded(("run_labels",), self._run_labels)
+        if labels != self._run_ids:  # the same runs: the picker's options are not sent again
+            self._run_ids = labels
+            self.param.run.objects = [ALL_RUNS, *labels]
         # the picked run stays picked when its count (in its label) grows: a tailed or running import
         self.run = next((k for k, v in self._run_ids.items() if v == current), ALL_RUNS)
         lo, hi = st.preloaded(("reward_bounds",), lambda: queries.reward_bounds(st.store))
@@ -227,21 +234,16 @@ class RolloutTable(pn.viewable.Viewer):
         f = st.table_filter
         key, ckey = self._rows_key(f, self.page), self._counts_key(f, st.refresh)
         try:
-            rows, n_rows = st.preloaded(key, lambda: self._read(key))
+            df, n_rows = st.preloaded(key, lambda: self._read(key))
             if ckey != self._counted:
                 self._n_rows, self._total = st.preloaded(ckey, lambda: self._read_counts(ckey, n_rows))
                 self._counted = ckey
-            df = rows.reindex(columns=COLUMNS)
         except StoreError as exc:  # e.g. the query hit its time limit: say so, keep the page
             self._count.object = banner("error", str(exc))
             return
         if self.page > self._n_pages():  # rows went (a narrower scoring): the last page there is
             self.page = self._n_pages()
             return
-        df["correct"] = df["correct"].fillna(False).astype(bool)
-        df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
-        for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
-            df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
         shown = df.index[df["rollout_id"] == self.state.rollout_id].tolist()
         self._selecting = True
         try:
@@ -266,3 +268,14 @@ class RolloutTable(pn.viewable.Viewer):
 
     def __panel__(self):
         return self._layout
+
+
+def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
+    """A page's rows as the table shows them (made where the page is read: after new rows, on the
+    preload thread, not on the event loop that serves every page)."""
+    df = rows.reindex(columns=COLUMNS)
+    df["correct"] = df["correct"].fillna(False).astype(bool)
+    df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
+    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
+        df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
+    return df

@@ -317,10 +317,11 @@ def version_picker(state: StudioState) -> pn.widgets.Select:
     sel = pn.widgets.Select(name="Rewards shown from", options=[LATEST], value=LATEST, sizing_mode="stretch_width",
                             css_classes=["version-shown"])
     ids: dict[str, str] = {}
+    versions = state.fresh_read(("rule_versions",), lambda: rules.versions(state.store))
 
     def refresh(*_):
         ids.clear()
-        ids.update({f"{v.rule_version_id} ({v.rollouts})": v.rule_version_id for v in rules.versions(state.store).itertuples()})
+        ids.update({f"{v.rule_version_id} ({v.rollouts})": v.rule_version_id for v in versions().itertuples()})
         current = sel.value
         sel.options = [LATEST, *ids]
         if current not in sel.options:

@@ -90,6 +90,16 @@ class StudioState(param.Parameterized):
         thread: store reads and pure computation only, no widget changes."""
         self._preloaders.append(fn)
 
+    def fresh_read(self, key: Hashable, read: Callable[[], Any]) -> Callable[[], Any]:
+        """A store read a view redraws from whenever new rows are stored (a picker's options, a count):
+        after :meth:`stored` it has run on the preload thread, with the others, so the returned function
+        gives what it read there; elsewhere (a first draw, a notebook) that function reads at once."""
+        def preload(rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
+            if fresh:
+                found[key] = read()
+        self.add_preloader(preload)
+        return lambda: self.preloaded(key, read)
+
     def preloaded(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """What a preloader read under ``key`` for the update being shown, else ``compute()``."""
         return self._preloaded[key] if key in self._preloaded else compute()
