@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,8 +254,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
 
     tabs.param.watch(on_tab, "active")
 
-    def tail_refresh() -> None:  # a watched folder grew: every view reloads
-        state.refresh += 1
+    async def tail_refresh() -> None:  # a watched folder grew: every view reloads, its reads on the preload thread
+        await state.stored()
         if tabs.active == IMPORT:
             built[IMPORT].fill()
 
@@ -284,13 +284,13 @@ class _Page:
     doc: weakref.ref
     store: Store
     seen: int
-    refresh: Callable[[], None]
+    refresh: Callable[[], Awaitable[None]]
 
 
 _PAGES: dict[int, _Page] = {}  # the served pages of this process, by id(document)
 
 
-def follow_tails(store: Store, refresh: Callable[[], None]) -> None:
+def follow_tails(store: Store, refresh: Callable[[], Awaitable[None]]) -> None:
     """Run ``refresh`` in this served page whenever the store's folder tailers add rollouts.
 
     One check every 2 s for the whole server (:func:`_poll_tails`), not a periodic callback per
