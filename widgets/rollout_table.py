@@ -17,7 +17,7 @@ from bokeh.models.widgets.tables import NumberFormatter
 from studio import queries
 from studio.store import StoreError
 
-from .state import StudioState
+from .state import StudioState, run_labels
 from .style import banner
 
 ALL_RUNS = "All runs"
@@ -145,10 +145,8 @@ class RolloutTable(pn.viewable.Viewer):
         return n_rows, queries.rollout_count(self.state.store)
 
     def _run_labels(self) -> dict[str, str]:
-        """Label -> run id of every run, as the run picker lists them (the id suffix keeps two runs
-        with the same name and size apart)."""
-        runs = queries.runs(self.state.store)
-        return {f"{name} ({n}) · {rid[-6:]}": rid for name, n, rid in zip(runs["name"], runs["rollouts"], runs["run_id"])}
+        """Label -> run id of every run, as the run picker lists them (``state.run_labels``)."""
+        return run_labels(queries.runs(self.state.store))
 
     def _update_choices(self) -> None:
         st = self.state

@@ -172,4 +172,10 @@ def run_choices(store: Store) -> dict[str, str]:
     """Label -> run id of every run with rollouts, as the run pickers show them (the id
     suffix keeps two runs with the same name apart)."""
     runs = queries.runs(store)
-    return {f"{r.name} ({r.rollouts}) · {r.run_id[-6:]}": r.run_id for r in runs[runs["rollouts"] > 0].itertuples()}
+    return run_labels(runs[runs["rollouts"] > 0])
+
+
+def run_labels(runs) -> dict[str, str]:
+    """Label -> run id of each row of ``queries.runs`` (the id suffix keeps two runs with the same
+    name and size apart)."""
+    return {f"{name} ({n}) · {rid[-6:]}": rid for name, n, rid in zip(runs["name"], runs["rollouts"], runs["run_id"])}
