@@ -15,7 +15,8 @@ Standard endpoints (vLLM's names and shapes):
   refused with a 400 naming them. Choices come prompt-major (index = prompt × n + sample).
   Logprobs describe the policy at temperature 1 (vLLM's ``raw_logprobs``), whatever the
   sampling temperature.
-- ``GET /v1/models``, ``GET /health`` (no key needed), ``POST /tokenize``
+- ``GET /v1/models``, ``GET /health`` (no key needed; model calls and requests so far, ``busy``,
+  ``waiting``: the queue), ``POST /tokenize``
   (``{prompt, add_special_tokens}`` → ``{tokens, count, max_model_len}``),
   ``POST /detokenize`` (``{tokens}`` → ``{prompt}``).
 
@@ -599,7 +600,8 @@ class Models(Handler):
 class Health(Handler):
     async def get(self):
         self.reply({"status": "ok", "policy_loaded": self.engine.loaded, "model_calls": self.batcher.calls,
-                    "requests": self.batcher.requests})
+                    "requests": self.batcher.requests, "busy": self.batcher.running,
+                    "waiting": len(self.batcher.waiting)})
 
 
 class Tokenize(Handler):

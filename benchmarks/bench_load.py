@@ -1,6 +1,6 @@
 """Concurrent sessions: request-to-update latency at N = 1, 5, 20 sessions while a Generate writes.
 
-Run: ``python benchmarks/bench_load.py`` (about 9 minutes on a 2-core CPU).
+Run: ``python benchmarks/bench_load.py`` (about 10 minutes on a 2-core CPU).
 
 Starts ``launch.py`` on a fresh store on a free loopback port. At each level, N sessions
 open the page one after another (0.5 s apart, as people arrive) and, once all are open,
@@ -20,17 +20,21 @@ person's browser runs on their own machine.
 
 Errors: a page that does not open (120 s), an update that does not arrive within 10 s, a
 strip showing another rollout than the one clicked, an ERROR reply, a server traceback,
-and rows lost: the store's rollout count after the run must equal the seeded count plus
+and rows lost: the store's rollout count after each round must equal the seeded count plus
 every "done: N rollouts stored" the writer saw.
 
-The levels run in rounds, 1, 5, 20, then again (three rounds by default, on one server and
-store, which grows all the while): one round's p95 at N = 1 is the second-slowest of some 28
-clicks, and the machine's noise moves a round's N = 20 p95 by a third. Each level's figure is
-the median of its rounds' p95s (``../shared/BENCHMARKS.md``: medians of repetitions); every
+The levels run in rounds, 1, 5, 20, then again (three rounds by default): one round's p95 at
+N = 1 is the second-slowest of some 28 clicks, and the machine's noise moves a round's N = 20
+p95 by a third. Every round repeats the same thing: a new server on a fresh copy of the seeded
+store (the writer adds some 3,000 rollouts a level, so one store across rounds would make each
+round heavier than the last), warmed by one session browsing for ``--warmup`` seconds before
+the first level (a fresh process's first clicks fill its caches; unmeasured). Each level's figure
+is the median of its rounds' p95s (``../shared/BENCHMARKS.md``: medians of repetitions); every
 round's own line and ratio are printed too. Figures: ``load_p95_ms_n20`` against the
 N = 1 p95 (target: within 3x) and ``load_errors`` (target: 0).
 
-Options: --seconds (per level, default 30), --levels (default 1,5,20), --rounds (default 3), --no-writer.
+Options: --seconds (per level, default 30), --levels (default 1,5,20), --rounds (default 3),
+--warmup (default 5), --no-writer.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -214,6 +219,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="how long each level browses")
     ap.add_argument("--levels", default="1,5,20", help="numbers of concurrent sessions")
     ap.add_argument("--rounds", type=int, default=3, help="times every level runs, in turn (figures: medians)")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds one session browses before each round")
     ap.add_argument("--no-writer", action="store_true", help="no Generate writing during the levels")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -221,13 +227,21 @@ def main() -> None:
         ap.error("--rounds must be 1 or more")
 
     with tempfile.TemporaryDirectory() as tmp:
-        db, log = Path(tmp) / "load.duckdb", Path(tmp) / "server.log"
-        seeded = stored_rollouts(db)
-        proc, url = start_server(db, log)
+        seeded_db = Path(tmp) / "seeded.duckdb"
+        seeded = stored_rollouts(seeded_db)
         results: dict[tuple[int, int], tuple[list[float], list[str]]] = {}  # (round, N) -> latencies, errors
-        written = 0
-        try:
-            for r in range(1, args.rounds + 1):
+        lost = 0
+        for r in range(1, args.rounds + 1):
+            db, log = Path(tmp) / f"round{r}.duckdb", Path(tmp) / f"server{r}.log"
+            shutil.copyfile(seeded_db, db)  # every round starts from the same store
+            proc, url = start_server(db, log)
+            written = 0
+            try:
+                if args.warmup > 0:  # unmeasured: the new process's first clicks fill its caches
+                    _, errs, added, _ = asyncio.run(level(url, 1, args.warmup, not args.no_writer))
+                    written += added
+                    if errs:
+                        print(f"round {r} warm-up errors: {errs[:3]}", flush=True)
                 for n in levels:
                     since = len(log.read_text())
                     lat, errs, added, opens = asyncio.run(level(url, n, args.seconds, not args.no_writer))
@@ -240,16 +254,17 @@ def main() -> None:
                           f"  page open median {statistics.median(opens) if opens else float('nan'):.1f} s", flush=True)
                     for e in errs[:5]:
                         print("   ", e)
-                lo, hi = p95(results[(r, levels[0])][0]), p95(results[(r, levels[-1])][0])
-                print(f"round {r}: p95 at N={levels[-1]} / N={levels[0]} = {hi / lo:.2f}x", flush=True)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        # no lost rows: everything the writer was told is stored is in the store
-        have = stored_rollouts(db)
-        lost = seeded + written - have
-        print(f"\nrows: {seeded:,} seeded + {written:,} written = {seeded + written:,}; the store has {have:,}"
-              f" ({'none lost' if lost == 0 else f'{lost:+,} missing'})")
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
+            lo, hi = p95(results[(r, levels[0])][0]), p95(results[(r, levels[-1])][0])
+            # no lost rows: everything the writer was told is stored is in the store
+            have = stored_rollouts(db)
+            lost += abs(seeded + written - have)
+            print(f"round {r}: p95 at N={levels[-1]} / N={levels[0]} = {hi / lo:.2f}x; rows: {seeded:,} seeded + "
+                  f"{written:,} written = {seeded + written:,}, the store has {have:,} "
+                  f"({'none lost' if have == seeded + written else f'{seeded + written - have:+,} missing'})", flush=True)
+            db.unlink()
 
     print()
     for n in levels:  # each level over its rounds: the median of their p95s (the figures), and all clicks pooled

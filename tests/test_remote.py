@@ -261,6 +261,16 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
     assert err["error"]["param"] == param and err["error"]["code"] == status
 
 
+def until(ok, timeout_s: float = 30.0) -> bool:
+    """Poll ``ok`` every 10 ms until it holds (True) or ``timeout_s`` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ok():
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def test_waiting_requests_share_a_call_and_seeded_ones_run_alone(server, local):
     """While one call runs, unseeded requests with equal settings queue and then run as one
     sample_batch call; seeded requests run alone and get what they get alone."""
@@ -274,13 +284,15 @@ def test_waiting_requests_share_a_call_and_seeded_ones_run_alone(server, local):
 
     busy = threading.Thread(target=send, args=(0, {"prompt": PROMPTS, "n": 80, "max_tokens": 70, "seed": 1}))
     busy.start()
-    time.sleep(0.3)  # (ordering only: these arrive while the long call runs)
+    assert until(lambda: (h := server.health())["busy"] and h["waiting"] == 0)  # the long call is in the model
     small = [threading.Thread(target=send, args=(i, {"prompt": PROMPTS[i % 3], "n": 2, "max_tokens": 8}))
              for i in (1, 2, 3)]
     seeded = [threading.Thread(target=send, args=(i, {"prompt": PROMPTS[i % 3], "n": 2, "max_tokens": 8, "seed": i,
                                                       "studio": {"stats": True}})) for i in (4, 5)]
     for t in small + seeded:
         t.start()
+    queued = until(lambda: server.health()["waiting"] == 5 or not busy.is_alive())
+    assert busy.is_alive() and queued, "the five requests did not all queue while the long call ran"
     for t in [busy] + small + seeded:
         t.join()
     h1 = server.health()
