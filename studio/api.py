@@ -423,7 +423,7 @@ class Studio:
 
         _check_channel(channel)
         st = self._view_state(rollout_id, channel=channel)
-        picker = pn.widgets.RadioButtonGroup.from_param(st.param.channel, name="Colour tokens by", button_type="light",
+        picker = pn.widgets.RadioButtonGroup.from_param(st.param.channel, name="Colour tokens by", color="light",
                                                         css_classes=["channel-picker"])
         # room below the strip for the hover card: a notebook's output area clips what overflows it
         return pn.Column(picker, TokenStrip(state=st), sizing_mode="stretch_width", stylesheets=[CSS],

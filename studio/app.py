@@ -176,10 +176,10 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     state.param.watch(sync_policies, ["refresh"])
     policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
     channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
-                                                     button_type="light", sizing_mode="stretch_width",
+                                                     color="light", sizing_mode="stretch_width",
                                                      css_classes=["channel-picker"])
     fork_controls = pn.Column(
-        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", button_type="light",
+        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", color="light",
                                                sizing_mode="stretch_width", css_classes=["fork-mode"]),
         pn.widgets.FloatSlider.from_param(state.param.fork_q, name="Top share q (TRL top_entropy_quantile)",
                                           sizing_mode="stretch_width", css_classes=["fork-q"]),
@@ -338,7 +338,7 @@ def html_downloads(state) -> pn.Row:
             button.filename = f"{kind}-{key[-8:]}.html"  # named when pressed: a rollout click sends nothing here
             return io.BytesIO(render(studio, key, state.channel).encode("utf-8"))
         button = pn.widgets.FileDownload(callback=callback, filename=f"{kind}.html", label=kind.replace("-", " "),
-                                         button_type="light", embed=False, height=30, width=88, disabled=True,
+                                         color="light", embed=False, height=30, width=88, disabled=True,
                                          css_classes=[f"save-{kind}"])
         return button
 

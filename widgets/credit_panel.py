@@ -106,15 +106,15 @@ class CreditView(LazyView):
                                       css_classes=["prompt-stats"])
         self._prompts.on_click(self._on_click)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["step-status"])
-        self._ig = pn.widgets.Button(name="Information gain (IGPO)", button_type="primary",
+        self._ig = pn.widgets.Button(name="Information gain (IGPO)", color="primary",
                                      disabled=not can_run, css_classes=["ig-button"], width=190)
         self._prm_folder = pn.widgets.TextInput(name="Process reward model folder", value=str(PRM_DIR), width=210,
                                                 disabled=not can_run, css_classes=["prm-folder"])
-        self._prm = pn.widgets.Button(name="Score steps with the PRM", button_type="primary", width=190,
+        self._prm = pn.widgets.Button(name="Score steps with the PRM", color="primary", width=190,
                                       disabled=not can_run, css_classes=["prm-button"])
         self._value_folder = pn.widgets.TextInput(name="Value model (critic) folder", value=str(VALUE_MODEL_DIR),
                                                   width=210, disabled=not can_run, css_classes=["value-folder"])
-        self._value = pn.widgets.Button(name="Critic values for GAE", button_type="primary", width=190,
+        self._value = pn.widgets.Button(name="Critic values for GAE", color="primary", width=190,
                                         disabled=not can_run, css_classes=["value-button"])
         self._buttons = (self._ig, self._prm, self._value)
         if can_run:  # browse-only sessions get no callback that could start a model

@@ -135,7 +135,7 @@ class CurationPanel(LazyView):
         self._within = pn.widgets.Select(name="within", options=["group", "prompt"], value="group", width=100,
                                          description=_doc("within"))
         self._dedupe = pn.widgets.Checkbox(name="dedupe identical completions", value=True, css_classes=["pair-dedupe"])
-        self._build = pn.widgets.Button(name="Build pairs", button_type="primary", width=120, css_classes=["build-pairs"])
+        self._build = pn.widgets.Button(name="Build pairs", color="primary", width=120, css_classes=["build-pairs"])
         self._build.on_click(self._on_build)
         self._build_msg = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["build-message"])
         # -- hand-pick
@@ -143,7 +143,7 @@ class CurationPanel(LazyView):
                                        css_classes=["pick-info"])
         self._pick_chosen = pn.widgets.Button(name="selected → chosen", width=150, css_classes=["pick-chosen"])
         self._pick_rejected = pn.widgets.Button(name="selected → rejected", width=150, css_classes=["pick-rejected"])
-        self._pick_add = pn.widgets.Button(name="Add this pair", button_type="success", width=120, disabled=True,
+        self._pick_add = pn.widgets.Button(name="Add this pair", color="success", width=120, disabled=True,
                                            css_classes=["pick-add"])
         self._pick_chosen.on_click(lambda e: self._pick("chosen"))
         self._pick_rejected.on_click(lambda e: self._pick("rejected"))
@@ -161,7 +161,7 @@ class CurationPanel(LazyView):
         buttons = {}
         for key, (label, kind) in {"a": ("Accept", "success"), "r": ("Reject", "danger"), "s": ("Swap", "default"),
                                    "k": ("← Prev", "light"), "j": ("Next →", "light")}.items():
-            b = pn.widgets.Button(name=label, button_type=kind, width=80 if key in "jk" else 84,
+            b = pn.widgets.Button(name=label, color=kind, width=80 if key in "jk" else 84,
                                   css_classes=[f"review-{KEYS[key]}"])
             b.on_click(lambda e, k=key: self._on_key(k))
             buttons[key] = b
@@ -183,13 +183,13 @@ class CurationPanel(LazyView):
                                         description="which accepted pairs to export; the conversational style "
                                                     "takes completion pairs only (a message cannot end mid-answer)")
         self._skip_stale = pn.widgets.Checkbox(name="leave stale pairs out", value=False, css_classes=["export-skip"])
-        self._export = pn.widgets.Button(name="Export accepted", button_type="primary", width=150,
+        self._export = pn.widgets.Button(name="Export accepted", color="primary", width=150,
                                          css_classes=["export-button"])
         self._export.on_click(self._on_export)
         self._download = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="nothing.jsonl", visible=False,
-                                                 button_type="success", width=300, css_classes=["export-download"])
+                                                 color="success", width=300, css_classes=["export-download"])
         self._download_prov = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="provenance.json", visible=False,
-                                                      button_type="light", width=300, css_classes=["export-provenance"])
+                                                      color="light", width=300, css_classes=["export-provenance"])
         self._export_msg = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                         css_classes=["export-message"])
         self._exports = pn.pane.HTML("", stylesheets=[CSS, REVIEW_CSS], sizing_mode="stretch_width",

@@ -179,7 +179,7 @@ class PolicyCompare(LazyView):
         super().__init__(**params)
         self._can_run = can_run
         self._version: str | None = None
-        self._go = pn.widgets.Button(name="Score with policy B", button_type="primary", width=170,
+        self._go = pn.widgets.Button(name="Score with policy B", color="primary", width=170,
                                      css_classes=["compare-button"], disabled=not can_run)
         if can_run:  # browse-only sessions get no callback that could start a model
             self._go.on_click(self._on_score)

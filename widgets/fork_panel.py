@@ -173,10 +173,10 @@ class ForkPanel(pn.viewable.Viewer):
             sizing_mode="stretch_width",
             stylesheets=[":host .bk-input-group { flex-wrap: wrap; column-gap: 14px; row-gap: 2px; }"
                          " :host label { font-family: 'DejaVu Sans Mono', monospace; font-size: 12px; }"])
-        self._go = pn.widgets.Button(name="Branch", button_type="primary", width=90, css_classes=["branch-button"])
-        self._stop = pn.widgets.Button(name="Cancel", button_type="light", width=80, disabled=True,
+        self._go = pn.widgets.Button(name="Branch", color="primary", width=90, css_classes=["branch-button"])
+        self._stop = pn.widgets.Button(name="Cancel", color="light", width=80, disabled=True,
                                        css_classes=["branch-cancel"])
-        self._attach_btn = pn.widgets.Button(name="Attach the session policy and branch", button_type="warning",
+        self._attach_btn = pn.widgets.Button(name="Attach the session policy and branch", color="warning",
                                              visible=False, css_classes=["attach-policy"])
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5),
                                     css_classes=["branch-status"])

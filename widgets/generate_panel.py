@@ -92,7 +92,7 @@ class BackendStatus(pn.viewable.Viewer):
         super().__init__(**params)
         self._line = pn.pane.HTML("", stylesheets=[CSS, BACKEND_CSS], sizing_mode="stretch_width", margin=(0, 5),
                                   css_classes=["backend-status"])
-        self._retry = pn.widgets.Button(name="Retry", button_type="light", width=64, height=28, visible=False,
+        self._retry = pn.widgets.Button(name="Retry", color="light", width=64, height=28, visible=False,
                                         css_classes=["backend-retry"], margin=(0, 5))
         self._retry.on_click(lambda e: self.check())
         self._token = 0
@@ -184,9 +184,9 @@ class GeneratePanel(pn.viewable.Viewer):
         self._cancel = threading.Event()
         self._sample_prompts = self.state.fresh_read(("sample_prompts",), lambda: queries.sample_prompts(self.state.store))
         self._refresh_prompts()
-        self._go = pn.widgets.Button(name="Generate", button_type="primary", sizing_mode="stretch_width",
+        self._go = pn.widgets.Button(name="Generate", color="primary", sizing_mode="stretch_width",
                                      css_classes=["generate-button"])
-        self._stop = pn.widgets.Button(name="Cancel", button_type="light", sizing_mode="stretch_width", disabled=True)
+        self._stop = pn.widgets.Button(name="Cancel", color="light", sizing_mode="stretch_width", disabled=True)
         self._go.on_click(self._on_generate)
         self._stop.on_click(lambda e: self._cancel.set())
         self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,

@@ -48,7 +48,7 @@ class GroupView(pn.viewable.Viewer):
         self._picker = pn.widgets.Select.from_param(self.param.group, name="Group (of the table's page)", width=420,
                                                     css_classes=["group-picker"])
         self._opener = pn.widgets.RadioButtonGroup.from_param(self.param.open_sample, name="Open in token strip",
-                                                              button_type="light", css_classes=["open-picker"])
+                                                              color="light", css_classes=["open-picker"])
         self._header = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN)
         self._grid = MarkedHTML(object="", stylesheets=[CSS, GRID_CSS], sizing_mode="stretch_width", **REDRAWN,
                                   css_classes=["group-grid"])

@@ -93,7 +93,7 @@ class ImportPanel(pn.viewable.Viewer):
         self._format = pn.widgets.Select(name="Format", options=[AUTO, *importers.FORMATS], value=AUTO, width=130,
                                          css_classes=["import-format"])
         self._on_error = pn.widgets.RadioButtonGroup(name="Malformed lines", options=["abort", "skip"], value="abort",
-                                                     button_type="light", width=150, css_classes=["import-on-error"])
+                                                     color="light", width=150, css_classes=["import-on-error"])
         self._name = pn.widgets.TextInput(name="Run name", placeholder="(from the folder)", width=200,
                                           css_classes=["import-name"])
         self._tail = pn.widgets.Checkbox(name="Keep watching the folder for new steps", value=False,
@@ -107,8 +107,8 @@ class ImportPanel(pn.viewable.Viewer):
             pn.FlexBox(*self._mapping.values(), sizing_mode="stretch_width"), visible=False,
             sizing_mode="stretch_width")
         self._format.param.watch(lambda e: setattr(self._mapping_box, "visible", e.new == "generic"), "value")
-        self._go = pn.widgets.Button(name="Import", button_type="primary", width=120, css_classes=["import-button"])
-        self._stop = pn.widgets.Button(name="Cancel", button_type="light", width=90, disabled=True)
+        self._go = pn.widgets.Button(name="Import", color="primary", width=120, css_classes=["import-button"])
+        self._stop = pn.widgets.Button(name="Cancel", color="light", width=90, disabled=True)
         self._go.on_click(self._on_import)
         self._stop.on_click(lambda e: self._cancel.set())
         self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,
@@ -125,7 +125,7 @@ class ImportPanel(pn.viewable.Viewer):
                                              css_classes=["enrich-run"])
         self._enrich_policy = pn.widgets.Select(name="Policy (teacher forcing)", options={}, width=260,
                                                 css_classes=["enrich-policy"])
-        self._enrich_go = pn.widgets.Button(name="Enrich", button_type="primary", width=120,
+        self._enrich_go = pn.widgets.Button(name="Enrich", color="primary", width=120,
                                             css_classes=["enrich-button"])
         self._enrich_go.on_click(self._on_enrich)
         self._enrich_message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",

@@ -127,11 +127,11 @@ class MiniRunPanel(LazyView):
             w.css_classes = list(w.css_classes or []) + [f"cfg-{name.replace('_', '-')}"]
         self._name = pn.widgets.TextInput(name="run name", placeholder="mini-run · grpo · 50 steps", width=310,
                                           disabled=not can_run, css_classes=["run-name"])
-        self._start = pn.widgets.Button(name="Start mini-run", button_type="primary", width=125,
+        self._start = pn.widgets.Button(name="Start mini-run", color="primary", width=125,
                                         disabled=not can_run, css_classes=["start-run"])
-        self._stop = pn.widgets.Button(name="Stop", button_type="warning", width=70, disabled=True,
+        self._stop = pn.widgets.Button(name="Stop", color="warning", width=70, disabled=True,
                                        css_classes=["stop-run"])
-        self._resume = pn.widgets.Button(name="Resume", button_type="default", width=80, disabled=True,
+        self._resume = pn.widgets.Button(name="Resume", color="default", width=80, disabled=True,
                                          css_classes=["resume-run"])
         if can_run:
             self._start.on_click(self._on_start)
@@ -148,7 +148,7 @@ class MiniRunPanel(LazyView):
         self._jump.on_click(lambda e: self.open_step(self.watched_id(), int(self._jump_step.value)))
         self._eval_a = pn.widgets.Select(name="Policy A", width=270, css_classes=["eval-a"])
         self._eval_b = pn.widgets.Select(name="Policy B", width=270, css_classes=["eval-b"])
-        self._eval_go = pn.widgets.Button(name="Evaluate on 200 held-out prompts", button_type="primary", width=250,
+        self._eval_go = pn.widgets.Button(name="Evaluate on 200 held-out prompts", color="primary", width=250,
                                           disabled=not can_run, css_classes=["eval-button"])
         if can_run:
             self._eval_go.on_click(self._on_eval)

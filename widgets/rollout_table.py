@@ -57,9 +57,9 @@ class RolloutTable(pn.viewable.Viewer):
             header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
-        self._newer = pn.widgets.Button(name="‹ newer", button_type="light", width=80, height=30,
+        self._newer = pn.widgets.Button(name="‹ newer", color="light", width=80, height=30,
                                         css_classes=["page-newer"], disabled=True)
-        self._older = pn.widgets.Button(name="older ›", button_type="light", width=80, height=30,
+        self._older = pn.widgets.Button(name="older ›", color="light", width=80, height=30,
                                         css_classes=["page-older"], disabled=True)
         self._page_input = pn.widgets.IntInput.from_param(self.param.page, name="", width=80, height=30,
                                                          margin=(5, 4), css_classes=["page-number"])
@@ -80,7 +80,7 @@ class RolloutTable(pn.viewable.Viewer):
             pn.widgets.TextInput.from_param(self.param.prompt_contains, name="Prompt contains",
                                             placeholder="e.g. 48-7", sizing_mode="stretch_width"),
             pn.widgets.RadioButtonGroup.from_param(self.param.correctness, name="Correctness",
-                                                   button_type="light", sizing_mode="stretch_width"),
+                                                   color="light", sizing_mode="stretch_width"),
             self._slider,
             pn.widgets.IntInput.from_param(self.state.param.train_step, name="Training step (-1: all)",
                                            sizing_mode="stretch_width", css_classes=["train-step"]),

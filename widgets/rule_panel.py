@@ -112,10 +112,10 @@ class RulePanel(LazyView):
         self.editor = pn.widgets.CodeEditor(value=rules.DEFAULT_SOURCE, language="python", theme="chrome",
                                             sizing_mode="stretch_width", height=340, css_classes=["rule-editor"],
                                             disabled=not can_run)
-        self._check = pn.widgets.Button(name="Check", button_type="light", width=80, css_classes=["rule-check"])
-        self._apply = pn.widgets.Button(name="Apply", button_type="primary", width=90, css_classes=["rule-apply"],
+        self._check = pn.widgets.Button(name="Check", color="light", width=80, css_classes=["rule-check"])
+        self._apply = pn.widgets.Button(name="Apply", color="primary", width=90, css_classes=["rule-apply"],
                                         disabled=not can_run)
-        self._stop = pn.widgets.Button(name="Cancel", button_type="light", width=80, disabled=True,
+        self._stop = pn.widgets.Button(name="Cancel", color="light", width=80, disabled=True,
                                        css_classes=["rule-cancel"])
         self._progress = pn.indicators.Progress(value=0, max=1, visible=False, sizing_mode="stretch_width",
                                                 bar_color="primary", height=14)
@@ -125,12 +125,12 @@ class RulePanel(LazyView):
         if can_run:  # browse-only sessions get no callback that could run rule code
             self._apply.on_click(self._on_apply)
             self._stop.on_click(lambda e: self._cancel.set() if self._cancel else None)
-        self._rm_go = pn.widgets.Button(name="Score with reward model", button_type="light", width=190,
+        self._rm_go = pn.widgets.Button(name="Score with reward model", color="light", width=190,
                                         css_classes=["rm-button"], disabled=not can_run)
         if can_run:
             self._rm_go.on_click(self._on_rm)
         self.on_retrain = None  # set by the app: (version id) -> None, opens the mini-run form with it
-        self._retrain = pn.widgets.Button(name="Retrain with this rule", button_type="light", width=190,
+        self._retrain = pn.widgets.Button(name="Retrain with this rule", color="light", width=190,
                                           disabled=not can_run, css_classes=["retrain-button"],
                                           description="start a mini-run whose reward is Version B")
         if can_run:

@@ -62,7 +62,7 @@ class SQLConsole(pn.viewable.Viewer):
         self._examples = pn.widgets.Select(options=[PICK, *console.EXAMPLES], value=PICK, width=260,
                                            css_classes=["sql-examples"])
         self._examples.param.watch(self._pick_example, "value")
-        self._run = pn.widgets.Button(name="Run (read-only)", button_type="primary", width=150,
+        self._run = pn.widgets.Button(name="Run (read-only)", color="primary", width=150,
                                       css_classes=["sql-run"])
         self._run.on_click(self._on_run)
         self._message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["sql-message"])
