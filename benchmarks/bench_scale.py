@@ -34,9 +34,15 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
     ``studio.importers.import_run`` of ``--ingest-rollouts`` (default 100,000, ~10M tokens)
     generic Parquet shards (columns prompt, completion, step, reward, accuracy, token_texts,
     logprobs, entropies; 4 shards) into a fresh store: (rollout + token rows) / seconds,
-    median of ``--ingest-reps``. Baseline ``pyarrow_parquet_write_rows_per_s``:
-    ``pyarrow.parquet.write_table`` of the same Arrow tables (the shards the importer then
-    reads), the same rows over the median seconds.
+    median of ``--ingest-reps``. The import is a bulk one (over ``studio.shards.SHARD_MIN_ROWS``
+    token rows), so its token rows go into one Parquet shard beside the store, written while the
+    store inserts the rest; the line per repetition says where they went. Baseline
+    ``pyarrow_parquet_write_rows_per_s``: ``pyarrow.parquet.write_table`` of the same Arrow
+    tables (the shards the importer then reads), the same rows over the median seconds.
+
+``--sharded`` builds the store as bulk imports leave it: the import runs' token rows (8 of the
+10 runs) in one Parquet shard per run, read through the ``tokens`` view; the latencies then
+include reading shards. Without it every token row is in the table (as generated runs write them).
 
 Before timing, a run's first table page (cut before scoring) and a page further down
 (``offset``) are checked equal to the same rows of the run scored whole. Latency baselines
@@ -47,7 +53,8 @@ point reads replaced: ``scored_rollouts_sql`` over the rollout's group), other t
 a sort by length and one by reward), the table's refresh queries (``queries.runs``,
 ``reward_bounds``) and the group picker's (``groups`` of a page's groups; the newest 50).
 
-Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --no-ingest, --seed.
+Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --no-ingest,
+--sharded, --seed.
 """
 from __future__ import annotations
 
@@ -285,10 +292,13 @@ def ingest(tmp: Path, n_rollouts: int, tokens_per_rollout: int, reps: int, seed:
         finally:
             store.close()
         reports.append(rep)
+        n_shards = len(list(Path(f"{db}.shards").glob("*.parquet")))
         for p in (db, Path(f"{db}.wal")):
             p.unlink(missing_ok=True)
+        shutil.rmtree(f"{db}.shards", ignore_errors=True)
         print(f"  rep {k + 1}: pyarrow write {write_s[-1]:.2f} s, import_run {import_s[-1]:.2f} s "
-              f"({rep.n_rollouts:,} rollouts, {rep.n_tokens:,} tokens)", flush=True)
+              f"({rep.n_rollouts:,} rollouts, {rep.n_tokens:,} tokens; token rows in "
+              f"{n_shards or 'no'} shard{'' if n_shards == 1 else 's'})", flush=True)
     rep = reports[-1]
     if (rep.n_rollouts, rep.n_tokens) != (rows_ro, rows_tok):
         raise SystemExit(f"the importer stored {rep.n_rollouts} rollouts / {rep.n_tokens} tokens of "
@@ -308,18 +318,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ingest-rollouts", type=int, default=100_000, help="rollouts in the ingest shards")
     ap.add_argument("--ingest-reps", type=int, default=3)
     ap.add_argument("--no-ingest", action="store_true", help="measure the latencies only (no ingest figure)")
+    ap.add_argument("--sharded", action="store_true",
+                    help="build the store with import runs' token rows in Parquet shards (as bulk imports write them)")
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_scale-"))
     figures = []
     try:
-        shape = mls.Shape(a.rollouts, a.tokens_per_rollout)
+        shape = mls.Shape(a.rollouts, a.tokens_per_rollout, sharded=a.sharded)
         store, build_s = open_store(a.db, tmp, shape)
         counts = store.counts()
+        n_shards = len(store.shard_paths())
         print(f"store: {counts['rollouts']:,} rollouts, {counts['tokens']:,} tokens, {counts['prompts']:,} prompts, "
-              f"{mls.size_of(Path(store.path)) / 2**30:.2f} GiB" + (f", built in {build_s:.0f} s" if build_s else ""),
-              flush=True)
+              f"{mls.size_of(Path(store.path)) / 2**30:.2f} GiB" + (f", built in {build_s:.0f} s" if build_s else "")
+              + (f"; {store.scalar('SELECT sum(n_rows) FROM token_shards'):,} token rows in {n_shards} Parquet "
+                 "shards" if n_shards else "; every token row in the table"), flush=True)
         print("latencies (ms per action; the studio's query functions, as the widgets call them):", flush=True)
         lat, notes = latencies(store, a.reps, a.seed)
         store.close()

@@ -76,6 +76,9 @@ class Shape:
     chunk: int = 50_000
     """Rollouts per ``Store.write`` (one transaction with their tokens and rewards)."""
     seed: int = 20240601
+    sharded: bool = False
+    """Import runs' token rows in one Parquet shard per run, as ``studio.importers.import_run`` writes
+    a bulk import's (``studio/shards.py``); generate runs' in the table. False: every row in the table."""
 
 
 class Plan:
@@ -273,19 +276,52 @@ def build(path: Path, shape: Shape, quiet: bool = False):
         lo, hi = plan.rescored()
         later = ((None, None, None, {"rewards": plan.rewards(a, min(a + shape.chunk, hi), RULE_B)})
                  for a in range(lo, hi, max(1, shape.chunk)))
-        write_chunks(store, plan.chunks(), later, total=plan.n, quiet=quiet)
+        chunks = plan.chunks()
+        if shape.sharded:
+            chunks = _sharded(store, chunks, plan.run_ids, plan.run_kind)
+        write_chunks(store, chunks, later, total=plan.n, quiet=quiet)
         store.cursor().execute("CHECKPOINT")
     finally:
         store.close()
     tmp.replace(path)
+    if shape.sharded and Path(f"{tmp}.shards").is_dir():
+        Path(f"{tmp}.shards").replace(f"{path}.shards")  # Store.open points the view at the new place
     if not quiet:
         print(f"built {path} in {time.perf_counter() - t:.1f} s: {size_of(path) / 2**30:.2f} GiB", flush=True)
     return Store.open(path)
 
 
+def _sharded(store, chunks, run_ids, run_kind):
+    """``chunks`` with each import run's token rows taken out into one shard per run, listed when
+    the run's last chunk has gone by (a bulk import of the run)."""
+    from studio.shards import TokenSink
+
+    sink, sink_run = None, None
+
+    def close():
+        with store.transaction() as cur:
+            sink.cur = cur
+            sink.finish()
+
+    for run, lo, hi, tables in chunks:
+        if run != sink_run and sink is not None:
+            close()
+            sink = None
+        if run_kind[run] == "import" and "tokens" in tables:
+            if sink is None:
+                sink, sink_run = TokenSink(store, None, run_ids[run], min_rows=0), run
+            tables = dict(tables)
+            sink.add(tables.pop("tokens"))
+        yield run, lo, hi, tables
+    if sink is not None:
+        close()
+
+
 def size_of(path: Path) -> int:
-    wal = Path(str(path) + ".wal")
-    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    """Bytes of the store: the file, its WAL and its shards."""
+    wal, shards = Path(str(path) + ".wal"), Path(str(path) + ".shards")
+    return (path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+            + sum(f.stat().st_size for f in shards.glob("*.parquet")))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -295,9 +331,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=Shape.runs)
     ap.add_argument("--chunk", type=int, default=Shape.chunk, help="rollouts per Store.write")
     ap.add_argument("--seed", type=int, default=Shape.seed)
+    ap.add_argument("--sharded", action="store_true", help="import runs' token rows in Parquet shards, one per run")
     ap.add_argument("--db", type=Path, required=True, help="where to write the store (must not exist)")
     a = ap.parse_args(argv)
-    shape = Shape(a.rollouts, a.tokens_per_rollout, a.runs, a.chunk, a.seed)
+    shape = Shape(a.rollouts, a.tokens_per_rollout, a.runs, a.chunk, a.seed, a.sharded)
     store = build(a.db, shape)
     counts = store.counts()
     store.close()

@@ -188,14 +188,16 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
                 if new:
                     store.write({"tokens": _table(_concat(new))}, cur)
             if fill:
+                filled = [f["rollout_id"][0] for f in fill if f["rollout_id"]]
+                store.unshard(filled, cur)  # rows in a bulk import's Parquet shard: into token_rows, to be updated
                 cur.register("_enrich_fill", _table(_concat(fill)))
                 try:  # a source's own values win: only NULLs are filled
-                    cur.execute("""UPDATE tokens SET token_id = coalesce(tokens.token_id, f.token_id),
-                                       logprob = coalesce(tokens.logprob, f.logprob),
-                                       entropy = coalesce(tokens.entropy, f.entropy),
-                                       topk_ids = coalesce(tokens.topk_ids, f.topk_ids),
-                                       topk_logprobs = coalesce(tokens.topk_logprobs, f.topk_logprobs)
-                                   FROM _enrich_fill f WHERE tokens.rollout_id = f.rollout_id AND tokens.pos = f.pos""")
+                    cur.execute("""UPDATE token_rows t SET token_id = coalesce(t.token_id, f.token_id),
+                                       logprob = coalesce(t.logprob, f.logprob),
+                                       entropy = coalesce(t.entropy, f.entropy),
+                                       topk_ids = coalesce(t.topk_ids, f.topk_ids),
+                                       topk_logprobs = coalesce(t.topk_logprobs, f.topk_logprobs)
+                                   FROM _enrich_fill f WHERE t.rollout_id = f.rollout_id AND t.pos = f.pos""")
                 finally:
                     cur.unregister("_enrich_fill")
             if enriched:

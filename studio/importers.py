@@ -39,6 +39,7 @@ import pyarrow.json as pj
 import pyarrow.parquet as pq
 
 from . import records
+from .shards import TokenSink
 from .store import Store
 
 FORMATS = ("trl", "verl", "openrlhf", "generic")
@@ -123,6 +124,7 @@ class ImportReport:
     run_id: str | None
     n_rollouts: int = 0
     n_tokens: int = 0
+    tokens: TokenSink | None = None  # where token rows go: the table, or a shard for a large import
     n_files: int = 0
     skipped: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
@@ -1016,7 +1018,7 @@ def _write_rows(ctx: _Ctx, src: _Source, b: _Batch, ids, pids, gids, sample_idx)
             else:
                 tok_cols[col] = _explode(a, lengths, typ)
         if len(tok_cols) > 2:
-            frames["tokens"] = pa.table(tok_cols)
+            ctx.tokens.add(pa.table(tok_cols))
             ctx.n_tokens += total_tok
         if values_col is not None:
             keep = pc.is_valid(values_col)
@@ -1104,6 +1106,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
     config = {"format": fmt, "paths": [str(r) for r in roots], "mapping": mapping.as_dict() if mapping else None,
               "task": task}
     report = ImportReport(run_id)
+    sink: TokenSink | None = None
     try:
         with store.transaction() as cur:
             if run_id is not None:
@@ -1124,6 +1127,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
                 elif f.suffix == ".jsonl" and size > start:  # lines appended since: read from there
                     todo.append((f, start, size - start))
             ctx = _Ctx(store, cur, run_id, fmt, task, records.now(), cancel)
+            ctx.tokens = sink = TokenSink(store, cur, run_id)
             total_bytes, read_bytes = sum(s for *_, s in todo), 0
             if progress:
                 progress(0, total_bytes)
@@ -1136,6 +1140,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
                     read_bytes += size
                     if progress:
                         progress(read_bytes, total_bytes)
+                sink.finish()
             finally:
                 reads.close()
             if new_run and (report.n_files or not tail):
@@ -1147,7 +1152,11 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
                 report.run_id = None
             report.n_rollouts, report.n_tokens = ctx.n_rollouts, ctx.n_tokens
             report.rule_versions = list(ctx.versions)
-    except _Cancelled:
+    except BaseException as exc:
+        if sink is not None:
+            sink.discard()  # the transaction rolled back: its shard goes too
+        if not isinstance(exc, _Cancelled):
+            raise
         report = ImportReport(report.run_id if not new_run else None, status="cancelled")
     report.seconds = time.perf_counter() - t0
     return report

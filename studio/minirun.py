@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from . import schema
 from .records import generation_rows, new_id, now, prompt_rows
 from .store import Store
 from .tasks import Prompt, get_task
@@ -255,7 +256,7 @@ def _prepare_resume(store: Store, run_id: str) -> tuple[str, int, str | None]:
     k, path = last if last else (0, None)
     with store.transaction() as cur:  # steps after the checkpoint are trained again: drop them whole
         later = "SELECT rollout_id FROM rollouts WHERE run_id = ? AND train_step > ?"
-        for table in ("tokens", "rewards", "step_rewards", "token_scores"):
+        for table in (schema.TOKEN_ROWS, "rewards", "step_rewards", "token_scores"):  # a mini-run's tokens: never sharded
             cur.execute(f"DELETE FROM {table} WHERE rollout_id IN ({later})", [run_id, k])
         cur.execute("DELETE FROM rollouts WHERE run_id = ? AND train_step > ?", [run_id, k])
         cur.execute("DELETE FROM metrics WHERE run_id = ? AND train_step > ?", [run_id, k])

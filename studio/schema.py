@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -51,7 +51,8 @@ TABLES: dict[str, str] = {
         enriched_by VARCHAR             -- imports: the policy version whose teacher forcing wrote this rollout's
                                         --   token rows (schema 6); NULL: the tokens came with the rollout
     """,
-    "tokens": """
+    "tokens": """                       -- a view (schema 7): the rows of table token_rows and of the
+                                        --   Parquet shards in token_shards; see TOKEN_ROWS
         rollout_id VARCHAR NOT NULL,
         pos INTEGER NOT NULL,           -- 0-based index in the completion
         token_id INTEGER,
@@ -155,6 +156,20 @@ TABLES: dict[str, str] = {
         decided_at TIMESTAMP,
         note VARCHAR
     """,
+    "token_shards": """
+        shard_id VARCHAR PRIMARY KEY,   -- a Parquet file of token rows a bulk import wrote beside the store (schema 7)
+        run_id VARCHAR NOT NULL,        -- the import run whose rollouts' tokens it holds
+        file VARCHAR NOT NULL,          -- its name in the store's shard folder (<store file>.shards/)
+        n_rows BIGINT,
+        min_rollout_id VARCHAR,         -- the rollouts it covers (ids are made in order: one contiguous range)
+        max_rollout_id VARCHAR,
+        columns VARCHAR[],              -- the tokens columns the file has (the view reads the others as NULL)
+        created_at TIMESTAMP
+    """,
+    "tokens_moved": """
+        rollout_id VARCHAR PRIMARY KEY  -- a sharded rollout whose token rows were copied into token_rows to be
+                                        --   changed (enrich fills them): its shard rows are no longer read (schema 7)
+    """,
     "import_files": """
         run_id VARCHAR NOT NULL,        -- the import run this source file fed (schema 6)
         path VARCHAR NOT NULL,          -- absolute path of the file
@@ -167,6 +182,11 @@ TABLES: dict[str, str] = {
         imported_at TIMESTAMP
     """,
 }
+
+# ``tokens`` is a view: its rows are stored in the table TOKEN_ROWS (every writer: Store.write maps
+# "tokens" there) and in the Parquet shards of token_shards. Store.refresh_tokens_view writes the view.
+VIEWS = frozenset({"tokens"})
+TOKEN_ROWS = "token_rows"
 
 # Tables that the sample Parquet files seed, in load order.
 SEEDED = ("runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
@@ -199,11 +219,21 @@ MIGRATIONS: dict[int, list[str]] = {
     6: [  # imports: which policy teacher-forced an imported rollout's tokens; import_files is created by ddl()
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS enriched_by VARCHAR",
     ],
+    7: [  # bulk imports write token rows as Parquet shards: the table moves to token_rows, tokens becomes a view
+        "ALTER TABLE tokens RENAME TO token_rows",
+    ],
 }
 
 
+def physical(table: str) -> str:
+    """The table that holds ``table``'s own rows (``tokens``: :data:`TOKEN_ROWS`)."""
+    return TOKEN_ROWS if table == "tokens" else table
+
+
 def ddl() -> list[str]:
-    return [f"CREATE TABLE IF NOT EXISTS {name} ({cols})" for name, cols in TABLES.items()]
+    """Tables (and the ``tokens`` view over token_rows alone) that do not exist yet."""
+    out = [f"CREATE TABLE IF NOT EXISTS {physical(name)} ({cols})" for name, cols in TABLES.items()]
+    return out + [f"CREATE VIEW IF NOT EXISTS tokens AS SELECT {', '.join(columns('tokens'))} FROM {TOKEN_ROWS}"]
 
 
 def columns(table: str) -> list[str]:

@@ -4,6 +4,10 @@ The process that opens a :class:`Store` owns the file; workers hand it results a
 DataFrames/Arrow tables and :meth:`Store.write` inserts them in one transaction, so a
 crash mid-write leaves nothing half-written. A new store is built next to its final path
 and renamed into place, so an interrupted seed never leaves a half-seeded file.
+
+Token rows live in the table ``token_rows`` and, for bulk imports, in Parquet shards in the
+folder ``<store file>.shards/`` beside the file (``token_shards`` lists them); the view
+``tokens`` reads both. The folder belongs to the store: move or copy them together.
 """
 from __future__ import annotations
 
@@ -128,6 +132,7 @@ class Store:
         store = cls(con, str(path))
         try:
             store._check_and_migrate()
+            store._check_shards()
             store._close_interrupted_runs()
         except Exception:
             con.close()
@@ -193,6 +198,80 @@ class Store:
                     cur.execute(stmt)
                 cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
+    # -- token shards --------------------------------------------------------------------
+    @property
+    def shard_dir(self) -> Path | None:
+        """The folder of this store's token shards (None for an in-memory store: it writes none)."""
+        return None if self.path == ":memory:" else Path(self.path).with_name(Path(self.path).name + ".shards")
+
+    def shard_paths(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[Path]:
+        """The token shards the store reads, in the order they were written."""
+        return [f for f, _ in self._shards(cur)]
+
+    def _shards(self, cur=None) -> list[tuple[Path, list[str]]]:
+        if self.shard_dir is None:
+            return []
+        rows = (cur or self._con).execute(
+            "SELECT file, columns FROM token_shards ORDER BY created_at, shard_id").fetchall()
+        return [(self.shard_dir / f, list(c or [])) for f, c in rows]
+
+    def refresh_tokens_view(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """(Re)write the ``tokens`` view over token_rows and the shards (inside the caller's transaction)."""
+        from .shards import select_sql
+
+        sql = f"SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS}"
+        shards = self._shards(cur)
+        if shards:
+            parts = " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
+            moved = cur.execute("SELECT count(*) FROM tokens_moved").fetchall()[0][0]
+            where = " WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)" if moved else ""
+            sql += f" UNION ALL SELECT * FROM ({parts}){where}"
+        cur.execute(f"CREATE OR REPLACE VIEW tokens AS {sql}")
+
+    def unshard(self, rollout_ids: list[str], cur: duckdb.DuckDBPyConnection) -> int:
+        """Copy the shard rows of ``rollout_ids`` into token_rows, where they can be changed, and stop
+        reading them from their shards (``tokens_moved``). Returns how many rollouts moved."""
+        shards = self._shards(cur)
+        if not shards or not rollout_ids:
+            return 0
+        from .shards import select_sql
+
+        parts = " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
+        lo, hi = min(rollout_ids), max(rollout_ids)  # a range the shards' row-group statistics can skip on
+        moving = [r[0] for r in cur.execute(
+            f"""SELECT DISTINCT rollout_id FROM ({parts}) WHERE rollout_id BETWEEN ? AND ?
+                AND list_contains(?::VARCHAR[], rollout_id)
+                AND rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)""", [lo, hi, rollout_ids]).fetchall()]
+        if not moving:
+            return 0
+        cols = ", ".join(schema.columns("tokens"))
+        cur.execute(f"""INSERT INTO {schema.TOKEN_ROWS} ({cols}) SELECT {cols} FROM ({parts})
+                        WHERE rollout_id BETWEEN ? AND ? AND list_contains(?::VARCHAR[], rollout_id)
+                        ORDER BY rollout_id, pos""", [min(moving), max(moving), moving])
+        cur.execute("INSERT INTO tokens_moved SELECT unnest(?::VARCHAR[])", [moving])
+        self.refresh_tokens_view(cur)
+        return len(moving)
+
+    def _check_shards(self) -> None:
+        """Every listed shard must be there; files in the folder that no shard lists (an import cut
+        off between writing its shard and committing) are deleted. The view is rewritten with the
+        folder's path as it is now (the store may have been moved)."""
+        listed = self.shard_paths()
+        missing = [f for f in listed if not f.is_file()]
+        if missing:
+            raise StoreError(
+                f"{self.path} keeps token rows in {len(listed)} Parquet shard(s) in {self.shard_dir}, and "
+                f"{len(missing)} of them are missing (first: {missing[0].name}). Move or copy the folder "
+                "together with the store file; the store was not changed.")
+        if self.shard_dir is not None and self.shard_dir.is_dir():
+            keep = {f.name for f in listed}
+            for f in self.shard_dir.iterdir():
+                if f.is_file() and f.name not in keep:
+                    f.unlink(missing_ok=True)
+        if listed:
+            with self.transaction() as cur:
+                self.refresh_tokens_view(cur)
+
     def _close_interrupted_runs(self) -> None:
         """Runs still 'running' when the file is opened were cut off (a killed owner): DuckDB
         lets one process open the file, so nobody else can be writing them now."""
@@ -207,7 +286,7 @@ class Store:
                 f = folder / f"{table}.parquet"
                 if f.exists():
                     # by name: files written before a column existed leave it NULL
-                    cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM read_parquet(?)", [str(f)])
+                    cur.execute(f"INSERT INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)", [str(f)])
 
     def close(self) -> None:
         self._con.close()
@@ -265,7 +344,8 @@ class Store:
     def write(self, frames: dict[str, pd.DataFrame], cur: duckdb.DuckDBPyConnection | None = None) -> None:
         """Insert DataFrames (or Arrow tables) into their tables in one transaction.
 
-        Columns are matched by name; columns a frame lacks are NULL.
+        Columns are matched by name; columns a frame lacks are NULL. ``tokens`` rows go into the
+        table ``token_rows`` (the view ``tokens`` reads them).
         """
         if cur is None:
             with self.transaction() as c:
@@ -286,7 +366,7 @@ class Store:
                 cols = ", ".join(names)
                 # prompts and rule versions are shared by content hash: a second insert is a no-op
                 verb = "INSERT OR IGNORE" if table in ("prompts", "rule_versions") else "INSERT"
-                cur.execute(f"{verb} INTO {table} ({cols}) SELECT {cols} FROM {view}")
+                cur.execute(f"{verb} INTO {schema.physical(table)} ({cols}) SELECT {cols} FROM {view}")
             finally:
                 cur.unregister(view)
 
@@ -296,7 +376,9 @@ class Store:
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     try:
-        return duckdb.connect(str(path))
+        con = duckdb.connect(str(path))
+        con.execute("SET parquet_metadata_cache = true")  # the tokens view reads shard footers every query
+        return con
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0]
         if isinstance(exc, duckdb.IOException) and "lock" in first.lower():

@@ -17,11 +17,11 @@ def stripped(seeded_store):
     ids = seeded_store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id LIMIT 6")["rollout_id"].tolist()
     sampled = {r: queries.tokens(seeded_store, r) for r in ids}
     with seeded_store.transaction() as cur:
-        cur.execute("DELETE FROM tokens WHERE list_contains(?, rollout_id)", [ids[:3]])
+        cur.execute("DELETE FROM token_rows WHERE list_contains(?, rollout_id)", [ids[:3]])
         cur.execute("UPDATE rollouts SET n_tokens = NULL WHERE list_contains(?, rollout_id)", [ids[:3]])
-        cur.execute("UPDATE tokens SET entropy = NULL, topk_ids = NULL, topk_logprobs = NULL WHERE rollout_id = ?",
+        cur.execute("UPDATE token_rows SET entropy = NULL, topk_ids = NULL, topk_logprobs = NULL WHERE rollout_id = ?",
                     [ids[3]])
-        cur.execute("UPDATE tokens SET token_id = NULL, logprob = NULL, entropy = NULL WHERE rollout_id = ?", [ids[4]])
+        cur.execute("UPDATE token_rows SET token_id = NULL, logprob = NULL, entropy = NULL WHERE rollout_id = ?", [ids[4]])
     return seeded_store, ids, sampled
 
 
@@ -56,7 +56,7 @@ def test_enriching_restores_the_samplers_statistics(stripped):
 def test_a_sources_own_logprobs_are_kept(stripped):
     store, ids, _ = stripped
     with store.transaction() as cur:  # the source logged its behaviour policy's log-probs, not ours
-        cur.execute("UPDATE tokens SET logprob = -1.5 WHERE rollout_id = ?", [ids[3]])
+        cur.execute("UPDATE token_rows SET logprob = -1.5 WHERE rollout_id = ?", [ids[3]])
     enrich.enrich_sync(store, POLICY_DIR, rollout_ids=[ids[3]])
     got = queries.tokens(store, ids[3])
     assert (got["logprob"] == -1.5).all() and got["entropy"].notna().all()
@@ -65,7 +65,7 @@ def test_a_sources_own_logprobs_are_kept(stripped):
 def test_token_texts_the_policy_would_split_differently_are_skipped_with_the_reason(stripped):
     store, ids, _ = stripped
     with store.transaction() as cur:
-        cur.execute("UPDATE tokens SET token_text = 'xx' WHERE rollout_id = ? AND pos = 0", [ids[4]])
+        cur.execute("UPDATE token_rows SET token_text = 'xx' WHERE rollout_id = ? AND pos = 0", [ids[4]])
     report = enrich.enrich_sync(store, POLICY_DIR, rollout_ids=[ids[4]])
     assert report.n_rollouts == 0 and report.skipped[0][0] == ids[4] and "splits" in report.skipped[0][1]
     assert queries.tokens(store, ids[4])["token_id"].isna().all()  # untouched
@@ -88,7 +88,7 @@ def test_the_cli_enriches_a_run(tmp_path, capsys):
     store = Store.open(db, seed_dir=ROLLOUTS_DIR)
     run, rid = store.df("SELECT run_id, rollout_id FROM rollouts ORDER BY rollout_id LIMIT 1").iloc[0]
     with store.transaction() as cur:
-        cur.execute("DELETE FROM tokens WHERE rollout_id = ?", [rid])
+        cur.execute("DELETE FROM token_rows WHERE rollout_id = ?", [rid])
     store.close()
     assert enrich.main(["--policy", "sample", "--run", run, "--db", str(db)]) == 0
     assert "enriched 1 rollouts" in capsys.readouterr().out

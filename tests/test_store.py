@@ -267,6 +267,35 @@ def test_a_runaway_query_is_stopped_with_a_message(seeded_store):
     assert seeded_store.counts() == before  # and the connection still answers
 
 
+def _as_schema_6(cur) -> None:
+    """A store as schema 6 had it: token rows in the table ``tokens``, no shards."""
+    cur.execute("DROP VIEW tokens")
+    cur.execute("DROP TABLE token_shards")
+    cur.execute("DROP TABLE tokens_moved")
+    cur.execute("ALTER TABLE token_rows RENAME TO tokens")
+
+
+def test_a_schema_6_store_keeps_its_token_rows_in_token_rows_read_through_the_tokens_view(tmp_path):
+    from sample_data import ROLLOUTS_DIR
+
+    path = tmp_path / "v6.duckdb"
+    s = Store.open(path, seed_dir=ROLLOUTS_DIR)
+    counts = s.counts()
+    first = s.df("SELECT * FROM tokens ORDER BY rollout_id, pos LIMIT 50")
+    with s.transaction() as cur:
+        _as_schema_6(cur)
+        cur.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    s.close()
+    s = Store.open(path)
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
+    assert s.counts() == counts
+    assert s.scalar("SELECT table_type FROM information_schema.tables WHERE table_name = 'tokens'") == "VIEW"
+    assert s.scalar("SELECT count(*) FROM token_rows") == counts["tokens"]
+    assert s.df("SELECT * FROM tokens ORDER BY rollout_id, pos LIMIT 50").equals(first)
+    assert s.shard_paths() == []
+    s.close()
+
+
 def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     from sample_data import ROLLOUTS_DIR
 
@@ -274,13 +303,14 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
     s = Store.open(path, seed_dir=ROLLOUTS_DIR)
     counts = s.counts()
     with s.transaction() as cur:  # what a schema-1 file looks like: no token_scores
+        _as_schema_6(cur)
         cur.execute("DROP TABLE token_scores")
         cur.execute("DROP TABLE import_files")
         cur.execute("ALTER TABLE rollouts DROP COLUMN enriched_by")
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "6"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "7"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.scalar("SELECT count(*) FROM import_files") == 0
     assert s.scalar("SELECT count(enriched_by) FROM rollouts") == 0
@@ -294,6 +324,7 @@ def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
     path = tmp_path / "v2.duckdb"
     s = Store.open(path, seed_dir=ROLLOUTS_DIR)
     with s.transaction() as cur:  # what a schema-2 file looks like: token_scores without value
+        _as_schema_6(cur)
         cur.execute("DROP TABLE token_scores")
         cur.execute("CREATE TABLE token_scores (rollout_id VARCHAR NOT NULL, pos INTEGER NOT NULL, "
                     "policy_version VARCHAR NOT NULL, logprob FLOAT, entropy FLOAT)")
@@ -301,7 +332,7 @@ def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
         cur.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "6"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
     assert s.df("SELECT logprob, entropy, value FROM token_scores").values.tolist()[0][:2] == [-0.5, 0.25]
     assert s.scalar("SELECT value FROM token_scores") is None
     s.close()
@@ -314,13 +345,14 @@ def test_a_schema_3_store_gains_the_training_columns_and_keeps_its_rows(tmp_path
     s = Store.open(path, seed_dir=ROLLOUTS_DIR)
     n = s.scalar("SELECT count(*) FROM tokens")
     with s.transaction() as cur:  # what a schema-3 file looks like: none of the mini-run columns
+        _as_schema_6(cur)
         cur.execute("ALTER TABLE runs DROP COLUMN error")
         cur.execute("ALTER TABLE tokens DROP COLUMN train_weight")
         cur.execute("ALTER TABLE rollouts DROP COLUMN train_advantage")
         cur.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "6"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
     assert s.scalar("SELECT count(*) FROM tokens WHERE train_weight IS NULL") == n
     assert s.scalar("SELECT count(*) FROM rollouts WHERE train_advantage IS NULL") == 512
     assert s.scalar("SELECT count(error) FROM runs") == 0
@@ -334,6 +366,7 @@ def test_a_schema_4_store_gains_the_curation_tables_and_keeps_its_preference_row
     s = Store.open(path, seed_dir=ROLLOUTS_DIR)
     counts = s.counts()
     with s.transaction() as cur:  # what a schema-4 file looks like: the placeholder preferences table, no curation
+        _as_schema_6(cur)
         for table in ("pairs", "pair_builds", "exports", "export_pairs"):
             cur.execute(f"DROP TABLE {table}")
         cur.execute("CREATE TABLE preferences (pair_id VARCHAR PRIMARY KEY, prompt_id VARCHAR, "
@@ -343,7 +376,7 @@ def test_a_schema_4_store_gains_the_curation_tables_and_keeps_its_preference_row
         cur.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "6"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
     assert s.counts() == counts
     row = s.df("SELECT * FROM pairs").iloc[0]
     assert (row["pair_id"], row["chosen_rollout_id"], row["rejected_rollout_id"], row["status"], row["note"],

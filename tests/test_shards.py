@@ -1,0 +1,200 @@
+"""Token shards: a bulk import's token rows go to one Parquet file beside the store, read through
+the ``tokens`` view as if they were in the table; failed imports leave no file behind; enrich
+changes sharded rows; the store and its shard folder move together."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sample_data import POLICY_DIR, ROLLOUTS_DIR
+from studio import enrich, queries, shards
+from studio.importers import ColumnMapping, MalformedInput, import_run
+from studio.store import Store, StoreError
+
+MAPPING = ColumnMapping(prompt="question", completion="answer", step="it", rewards=("correct",),
+                        token_texts="toks", logprobs="lp", entropies="ent")
+
+
+def rows(n: int, start: int = 0) -> list[dict]:
+    rng = np.random.default_rng(start)
+    out = []
+    for i in range(start, start + n):
+        k = int(rng.integers(1, 40))
+        out.append({"question": f"q{i // 4}", "answer": f"a{i}", "it": i // 100, "correct": i % 2,
+                    "toks": [f"t{(i + j) % 13}" for j in range(k)],
+                    "lp": [float(-x) for x in rng.random(k).round(3)], "ent": [float(x) for x in rng.random(k).round(3)]})
+    return out
+
+
+def write_parquet(path, data):
+    pq.write_table(pa.Table.from_pylist(data), path)
+    return path
+
+
+def all_tokens(store):
+    return store.df("""SELECT ro.text, t.pos, t.token_text, t.logprob, t.entropy, t.token_id FROM tokens t
+                       JOIN rollouts ro USING (rollout_id) ORDER BY ro.text, t.pos""")
+
+
+@pytest.fixture()
+def sharding(monkeypatch):
+    """Imports of 1,000+ token rows write a shard (the default is a million: the same code path)."""
+    monkeypatch.setattr(shards, "SHARD_MIN_ROWS", 1000)
+
+
+def test_a_large_import_writes_one_shard_that_reads_like_the_table(tmp_path, monkeypatch):
+    src = [write_parquet(tmp_path / f"part{i}.parquet", rows(150, 150 * i)) for i in range(3)]
+    table_store = Store.open(tmp_path / "table.duckdb")
+    import_run(table_store, src, "generic", mapping=MAPPING)  # 3 files x ~3,000 tokens: under a million
+    assert table_store.shard_paths() == [] and table_store.scalar("SELECT count(*) FROM token_shards") == 0
+
+    monkeypatch.setattr(shards, "SHARD_MIN_ROWS", 1000)
+    store = Store.open(tmp_path / "sharded.duckdb")
+    rep = import_run(store, src, "generic", mapping=MAPPING)
+    [path] = store.shard_paths()
+    assert path.parent == tmp_path / "sharded.duckdb.shards" and path.is_file()
+    listed = store.df("SELECT * FROM token_shards").iloc[0]
+    assert listed["n_rows"] == rep.n_tokens == pq.ParquetFile(path).metadata.num_rows
+    assert listed["run_id"] == rep.run_id
+    assert store.scalar("SELECT count(*) FROM token_rows") == 0  # every token row is in the shard
+    # the same rows, columns and types through the view
+    assert all_tokens(store).equals(all_tokens(table_store))
+    ids = store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id")["rollout_id"]
+    assert (listed["min_rollout_id"], listed["max_rollout_id"]) == (ids.iloc[0], ids.iloc[-1])
+    rid = ids.iloc[200]
+    text = store.scalar("SELECT text FROM rollouts WHERE rollout_id = ?", [rid])
+    other = table_store.scalar("SELECT rollout_id FROM rollouts WHERE text = ?", [text])
+    assert queries.tokens(store, rid).equals(queries.tokens(table_store, other))
+    # the group view's read: every rollout's tokens
+    group = queries.tokens_of(store, ids.iloc[:8].tolist())
+    assert sum(len(t) for t in group.values()) == store.scalar(
+        "SELECT sum(n_tokens) FROM rollouts WHERE rollout_id <= ?", [ids.iloc[7]])
+    # reopening reads it again
+    store.close()
+    store = Store.open(tmp_path / "sharded.duckdb")
+    assert store.counts()["tokens"] == rep.n_tokens
+    store.close()
+    table_store.close()
+
+
+def test_a_second_import_adds_a_second_shard_and_small_ones_go_to_the_table(tmp_path, sharding):
+    store = Store.open(tmp_path / "s.duckdb")
+    import_run(store, write_parquet(tmp_path / "a.parquet", rows(200)), "generic", mapping=MAPPING)
+    import_run(store, write_parquet(tmp_path / "b.parquet", rows(200, 200)), "generic", mapping=MAPPING)
+    import_run(store, write_parquet(tmp_path / "c.parquet", rows(3, 400)), "generic", mapping=MAPPING)
+    assert len(store.shard_paths()) == 2
+    small = store.scalar("SELECT count(*) FROM token_rows")
+    assert 0 < small == store.scalar(
+        "SELECT sum(n_tokens) FROM rollouts WHERE text IN ('a400', 'a401', 'a402')")
+    assert store.counts()["tokens"] == store.scalar("SELECT sum(n_tokens) FROM rollouts")
+    store.close()
+
+
+def test_an_aborted_import_leaves_no_shard_behind(tmp_path, sharding):
+    store = Store.open(tmp_path / "s.duckdb")
+    good = write_parquet(tmp_path / "a.parquet", rows(300))
+    bad = tmp_path / "b.jsonl"
+    bad.write_text("\n".join([json.dumps(r) for r in rows(5, 300)] + ["{not json"]) + "\n")
+    with pytest.raises(MalformedInput, match="b.jsonl"):
+        import_run(store, [good, bad], "generic", mapping=MAPPING)
+    assert store.counts() == {"runs": 0, "prompts": 0, "rollouts": 0, "tokens": 0}
+    assert store.scalar("SELECT count(*) FROM token_shards") == 0
+    assert not any((tmp_path / "s.duckdb.shards").glob("*"))
+    # the same import with skip keeps the good rows, in a shard
+    rep = import_run(store, [good, bad], "generic", mapping=MAPPING, on_error="skip")
+    assert rep.n_rollouts == 305 and len(store.shard_paths()) == 1
+    assert store.counts()["tokens"] == rep.n_tokens
+    store.close()
+
+
+def test_a_cancelled_import_leaves_no_shard_behind(tmp_path, sharding):
+    store = Store.open(tmp_path / "s.duckdb")
+    src = [write_parquet(tmp_path / f"p{i}.parquet", rows(200, 200 * i)) for i in range(3)]
+    cancel = threading.Event()
+    rep = import_run(store, src, "generic", mapping=MAPPING, cancel=cancel,
+                     progress=lambda done, total: cancel.set() if done else None)
+    assert rep.status == "cancelled"
+    assert store.counts()["rollouts"] == 0 and store.scalar("SELECT count(*) FROM token_shards") == 0
+    assert not any((tmp_path / "s.duckdb.shards").glob("*"))
+    store.close()
+
+
+def test_a_file_no_shard_lists_is_removed_and_a_missing_shard_is_named(tmp_path, sharding):
+    path = tmp_path / "s.duckdb"
+    store = Store.open(path)
+    import_run(store, write_parquet(tmp_path / "a.parquet", rows(300)), "generic", mapping=MAPPING)
+    [shard] = store.shard_paths()
+    store.close()
+    stray = shard.with_name("shard_cut_off_before_its_commit.parquet")  # an import killed before COMMIT
+    stray.write_bytes(b"PAR1")
+    store = Store.open(path)
+    assert not stray.exists() and shard.exists()
+    n = store.counts()["tokens"]
+    store.close()
+    shard.rename(tmp_path / "elsewhere.parquet")
+    with pytest.raises(StoreError, match=r"s\.duckdb\.shards.*missing.*together with the store file"):
+        Store.open(path)
+    (tmp_path / "elsewhere.parquet").rename(shard)
+    store = Store.open(path)  # nothing was changed by the refusal
+    assert store.counts()["tokens"] == n
+    store.close()
+
+
+def test_a_store_moved_with_its_shard_folder_reads_from_the_new_place(tmp_path, sharding):
+    old = tmp_path / "old" / "s.duckdb"
+    old.parent.mkdir()
+    store = Store.open(old)
+    import_run(store, write_parquet(tmp_path / "a.parquet", rows(300)), "generic", mapping=MAPPING)
+    want = all_tokens(store)
+    store.close()
+    new = tmp_path / "new" / "s.duckdb"
+    shutil.move(old.parent, new.parent)
+    store = Store.open(new)
+    assert store.shard_paths()[0].parent == new.parent / "s.duckdb.shards"
+    assert all_tokens(store).equals(want)
+    store.close()
+
+
+def test_enrich_fills_sharded_rollouts_with_the_samplers_numbers(tmp_path, sharding):
+    """Sampled rollouts exported as a run would log them (token texts only), imported into a shard,
+    then enriched with the policy that sampled them: the ids and log-probs come back."""
+    seed = Store.open(tmp_path / "seed.duckdb", seed_dir=ROLLOUTS_DIR)
+    got = seed.df("""SELECT p.text AS question, ro.text AS answer, ro.rollout_id FROM rollouts ro
+                     JOIN prompts p USING (prompt_id) WHERE ro.n_tokens > 0 ORDER BY ro.rollout_id LIMIT 60""")
+    sampled = {r: queries.tokens(seed, r) for r in got["rollout_id"]}
+    data = [{"question": q, "answer": a, "toks": sampled[r]["token_text"].tolist()}
+            for q, a, r in got.itertuples(index=False)]
+    assert sum(len(d["toks"]) for d in data) > 1000  # enough for a shard
+    store = Store.open(tmp_path / "s.duckdb")
+    rep = import_run(store, write_parquet(tmp_path / "run.parquet", data), "generic",
+                     mapping=ColumnMapping(prompt="question", completion="answer", token_texts="toks"))
+    assert len(store.shard_paths()) == 1 and store.scalar("SELECT count(*) FROM token_rows") == 0
+    ids = store.df("SELECT rollout_id, text FROM rollouts ORDER BY rollout_id")
+    first = ids["rollout_id"].iloc[:4].tolist()
+    report = enrich.enrich_sync(store, POLICY_DIR, rollout_ids=first)
+    assert report.n_rollouts == 4 and not report.skipped
+    # the enriched rollouts' rows moved into the table; the shard's copies are no longer read
+    assert store.scalar("SELECT count(*) FROM tokens_moved") == 4
+    assert store.counts()["tokens"] == rep.n_tokens
+    by_text = dict(zip(got["answer"], got["rollout_id"]))
+    for rid, text in ids.iloc[:5].itertuples(index=False):
+        tok, want = queries.tokens(store, rid), sampled[by_text[text]]
+        assert tok["token_text"].tolist() == want["token_text"].tolist()
+        if rid in first:
+            assert tok["token_id"].tolist() == want["token_id"].tolist()
+            np.testing.assert_allclose(tok["logprob"], want["logprob"], atol=2e-4)
+        else:  # not enriched: still read from the shard, as imported
+            assert tok["token_id"].isna().all()
+    # a second pass over the same rollouts writes nothing; the rest still enrich
+    assert enrich.enrich_sync(store, POLICY_DIR, rollout_ids=first).n_rollouts == 0
+    store.close()
+    store = Store.open(tmp_path / "s.duckdb")
+    assert store.counts()["tokens"] == rep.n_tokens
+    store.close()
+    seed.close()
