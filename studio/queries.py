@@ -464,7 +464,8 @@ def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
     """The rollout's tokens in order with their statistics (top-k alternatives as ids)."""
     # ordered here, not by ORDER BY: a rollout's tokens are written in order, so they mostly come back
     # in order, and DuckDB's sort costs a millisecond even on a hundred rows
-    df = _small_df(store, f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE rollout_id = ?", [rollout_id])
+    df = _small_df(store, f"SELECT {TOKEN_COLUMNS} FROM {store.tokens_between(rollout_id, rollout_id)} "
+                   "WHERE rollout_id = ?", [rollout_id])
     if not df["pos"].is_monotonic_increasing:
         df = df.sort_values("pos", kind="stable", ignore_index=True)
     return df
@@ -502,7 +503,8 @@ def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     # scan, so only the row groups holding them are read (list_contains reads every column of those row groups).
     # The range of the ids first, a filter the scan applies before it hashes: a group's ids are made together
     # and sort together, so most rows fail it at once (a group's read ~2x faster, on 5k and on 1M rollouts)
-    df = _small_df(store, f"SELECT rollout_id, {TOKEN_COLUMNS} FROM tokens WHERE rollout_id BETWEEN ? AND ? "
+    df = _small_df(store, f"SELECT rollout_id, {TOKEN_COLUMNS} FROM {store.tokens_between(min(ids), max(ids))} "
+                   "WHERE rollout_id BETWEEN ? AND ? "
                    "AND rollout_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY rollout_id, pos", [min(ids), max(ids), ids])
     # the rows come sorted by rollout: cut them where the id changes (a groupby took ~5x longer, on the loop's GIL)
     got = df["rollout_id"].to_numpy()

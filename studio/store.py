@@ -108,6 +108,7 @@ class Store:
         self._con = con
         self.path = path
         self._write_lock = threading.Lock()
+        self._sharded = False  # the store lists token shards (see tokens_between)
         self.query_timeout_s = default_query_timeout()
 
     # -- opening -------------------------------------------------------------------------
@@ -222,11 +223,30 @@ class Store:
         sql = f"SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS}"
         shards = self._shards(cur)
         if shards:
+            self._sharded = True  # (never reset: a stale True costs tokens_between one small query)
             parts = " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
             moved = cur.execute("SELECT count(*) FROM tokens_moved").fetchall()[0][0]
             where = " WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)" if moved else ""
             sql += f" UNION ALL SELECT * FROM ({parts}){where}"
         cur.execute(f"CREATE OR REPLACE VIEW tokens AS {sql}")
+
+    def tokens_between(self, lo: str, hi: str) -> str:
+        """What to read ``tokens`` rows of rollout ids ``lo``..``hi`` from: ``tokens`` itself, or, when
+        the store has shards, the same union with only the shards whose id range meets ``lo``..``hi``
+        (``token_shards`` keeps each one's; none: the table alone), so a rollout's read opens at most
+        the files that can hold it however many there are. The caller still filters on ``rollout_id``."""
+        if not self._sharded:
+            return "tokens"
+        from .shards import select_sql
+
+        rows = self._con.cursor().execute(
+            """SELECT file, columns FROM token_shards WHERE max_rollout_id >= ? AND min_rollout_id <= ?
+               ORDER BY created_at, shard_id""", [lo, hi]).fetchall()
+        if not rows:  # (a shard is listed in the transaction that makes its rollouts visible: no race)
+            return schema.TOKEN_ROWS
+        parts = " UNION ALL ".join(select_sql(self.shard_dir / f, list(c or [])) for f, c in rows)
+        return (f"(SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS} UNION ALL "
+                f"SELECT * FROM ({parts}) WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved))")
 
     def unshard(self, rollout_ids: list[str], cur: duckdb.DuckDBPyConnection) -> int:
         """Copy the shard rows of ``rollout_ids`` into token_rows, where they can be changed, and stop
@@ -257,6 +277,7 @@ class Store:
         off between writing its shard and committing) are deleted. The view is rewritten with the
         folder's path as it is now (the store may have been moved)."""
         listed = self.shard_paths()
+        self._sharded = bool(listed)
         missing = [f for f in listed if not f.is_file()]
         if missing:
             raise StoreError(
@@ -377,7 +398,7 @@ class Store:
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         con = duckdb.connect(str(path))
-        con.execute("SET parquet_metadata_cache = true")  # the tokens view reads shard footers every query
+        con.execute("SET GLOBAL parquet_metadata_cache = true")  # the tokens view reads shard footers every query; GLOBAL: cursors too
         return con
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0]

@@ -93,6 +93,18 @@ def test_a_second_import_adds_a_second_shard_and_small_ones_go_to_the_table(tmp_
     assert 0 < small == store.scalar(
         "SELECT sum(n_tokens) FROM rollouts WHERE text IN ('a400', 'a401', 'a402')")
     assert store.counts()["tokens"] == store.scalar("SELECT sum(n_tokens) FROM rollouts")
+    # a point read opens only the shard holding the rollout, and reads what the whole view holds
+    ids = store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id")["rollout_id"].tolist()
+    first, second = store.shard_paths()
+    assert first.name in store.tokens_between(ids[0], ids[0]) and second.name not in store.tokens_between(ids[0], ids[0])
+    assert second.name in store.tokens_between(ids[250], ids[250])
+    assert store.tokens_between(ids[-1], ids[-1]) == "token_rows"  # the small import's: in no shard's range
+    for rid in [ids[0], ids[150], ids[250], ids[399], ids[-1]]:
+        want = store.df(f"SELECT {queries.TOKEN_COLUMNS} FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid])
+        assert len(want) > 0 and queries.tokens(store, rid).equals(want)
+    across = queries.tokens_of(store, ids[195:205] + ids[-2:])  # both shards and the table
+    assert sum(map(len, across.values())) == store.scalar(
+        "SELECT sum(n_tokens) FROM rollouts WHERE list_contains(?, rollout_id)", [ids[195:205] + ids[-2:]])
     store.close()
 
 
