@@ -26,6 +26,7 @@ import re
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -1195,25 +1196,27 @@ def _reads(todo: list, fmt: str, user: ColumnMapping | None, tail: bool):
 
 
 class _ReadAhead:
-    """Iterates ``items`` one item ahead in a reader thread: the next slice is read from its file and
-    put in canonical form (Arrow, which lets go of the GIL) while the store writes this one. ``next``
-    raises what producing the item raised. Close it to stop reading."""
+    """Iterates ``items`` ``depth`` items ahead in a reader thread: the next slices are read from their
+    files and put in canonical form (Arrow, which lets go of the GIL) while the store writes this one.
+    Three items are a file ahead (its header, a slice, its end): with one, the next file's slice was
+    only read once the store had written this one's. ``next`` raises what producing the item raised.
+    Close it to stop reading."""
 
     _END = object()
 
-    def __init__(self, items):
+    def __init__(self, items, depth: int = 3):
         self._items = items
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-read")
-        self._next = self._pool.submit(next, items, self._END)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="import-read")  # one: in order
+        self._ahead = deque(self._pool.submit(next, items, self._END) for _ in range(depth))
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        item = self._next.result()
+        item = self._ahead.popleft().result()
         if item is self._END:
             raise StopIteration
-        self._next = self._pool.submit(next, self._items, self._END)
+        self._ahead.append(self._pool.submit(next, self._items, self._END))
         return item
 
     def close(self) -> None:

@@ -83,7 +83,14 @@ class TokenSink:
         self.shard_id = records.new_id("shard_")
         self.path = self.store.shard_dir / f"{self.shard_id}-{uuid.uuid4().hex[:6]}.parquet"
         # the shard's columns: those the first slice has (an import's slices share one mapping)
-        self._columns = [c for c in TOKEN_TYPES if c in self._pending[0].column_names]
+        first = self._pending[0]
+        self._columns = [c for c in TOKEN_TYPES if c in first.column_names]
+        # as written: token texts stay dictionary-coded when the importer gives them so (a few hundred
+        # distinct pieces: decoding ten million of them to encode them again cost half the write); ids are
+        # decoded, since a slice's dictionary holds every rollout of the slice and each row group few
+        self._types = dict(TOKEN_TYPES)
+        if "token_text" in self._columns and pa.types.is_dictionary(first.schema.field("token_text").type):
+            self._types["token_text"] = pa.dictionary(pa.int32(), pa.string())
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-shard")
 
     def _submit(self, table: pa.Table) -> None:
@@ -102,15 +109,15 @@ class TokenSink:
         cols = []
         for c in self._columns:
             a = table.column(c) if c in table.column_names else pa.nulls(table.num_rows, TOKEN_TYPES[c])
-            cols.append(a.cast(TOKEN_TYPES[c]))  # dictionary-coded ids and texts become plain strings
+            cols.append(a.cast(self._types[c]))
         out = pa.Table.from_arrays(cols, names=self._columns)
         if self._writer is None:
             # dictionary pages for the columns that repeat (ids, texts); floats and positions in dictionary
-            # pages cost twice the write and save nothing. Statistics where point reads filter.
+            # pages cost twice the write and save nothing. Statistics where point reads filter (the ids).
             self._writer = pq.ParquetWriter(
                 self.path, out.schema, compression="none",
                 use_dictionary=[c for c in ("rollout_id", "token_text") if c in self._columns],
-                write_statistics=["rollout_id", "pos"])
+                write_statistics=["rollout_id"])
         self._writer.write_table(out, row_group_size=ROW_GROUP)
 
     def finish(self) -> None:
