@@ -42,7 +42,8 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
 
 ``--sharded`` builds the store as bulk imports leave it: the import runs' token rows (8 of the
 10 runs) in one Parquet shard per run, read through the ``tokens`` view; the latencies then
-include reading shards. Without it every token row is in the table (as generated runs write them).
+include reading shards (a rollout's tokens from the one shard whose id range holds it:
+``Store.tokens_between``). Without it every token row is in the table (as generated runs write them).
 
 Before timing, a run's first table page (cut before scoring) and a page further down
 (``offset``) are checked equal to the same rows of the run scored whole. Latency baselines
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-rollout", type=int, default=mls.Shape.tokens_per_rollout)
     ap.add_argument("--reps", type=int, default=30, help="repetitions of each per-click action")
     ap.add_argument("--ingest-rollouts", type=int, default=100_000, help="rollouts in the ingest shards")
-    ap.add_argument("--ingest-reps", type=int, default=3)
+    ap.add_argument("--ingest-reps", type=int, default=5, help="repetitions of the ingest pair (write, import): the machine is noisy")
     ap.add_argument("--no-ingest", action="store_true", help="measure the latencies only (no ingest figure)")
     ap.add_argument("--sharded", action="store_true",
                     help="build the store with import runs' token rows in Parquet shards (as bulk imports write them)")
