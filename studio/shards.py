@@ -18,6 +18,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -39,6 +40,35 @@ SQL_TYPES = {"rollout_id": "VARCHAR", "pos": "INTEGER", "token_id": "INTEGER", "
              "logprob": "FLOAT", "entropy": "FLOAT", "topk_ids": "INTEGER[]", "topk_logprobs": "FLOAT[]",
              "ref_logprob": "FLOAT", "step_idx": "INTEGER", "train_weight": "FLOAT"}
 assert list(TOKEN_TYPES) == schema.columns("tokens") == list(SQL_TYPES)
+
+
+ID_TYPE = pa.dictionary(pa.int32(), pa.string())
+
+
+def _ids_by_row_group(ids: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
+    """A slice's rollout ids as one chunk per row group, each with a dictionary of its own rollouts.
+
+    The importer gives each token's id as an index into the slice's ids, in rollout order; a row
+    group holds ~1,000 rollouts of a slice's ~25,000, so each gets the part of the dictionary it
+    uses: written as it is, with no string decoded or hashed (a quarter of the shard's write, when
+    the writer built the dictionaries), and its row-group statistics still bound its ids. Ids given
+    otherwise are encoded row group by row group."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks() if ids.num_chunks else pa.array([], ids.type)
+    chunks = []
+    if pa.types.is_dictionary(ids.type) and not ids.null_count:
+        idx = ids.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        values = ids.dictionary.cast(pa.string())
+        if len(idx) and (np.diff(idx) >= 0).all():
+            for a in range(0, len(idx), ROW_GROUP):
+                part = idx[a:a + ROW_GROUP]
+                lo, hi = int(part[0]), int(part[-1])
+                chunks.append(pa.DictionaryArray.from_arrays(pa.array(part - lo, pa.int32()), values.slice(lo, hi - lo + 1)))
+            return pa.chunked_array(chunks, ID_TYPE)
+    ids = ids.cast(pa.string())
+    for a in range(0, len(ids), ROW_GROUP):
+        chunks.append(ids.slice(a, ROW_GROUP).dictionary_encode().cast(ID_TYPE))
+    return pa.chunked_array(chunks, ID_TYPE)
 
 
 def select_sql(path: Path, present: list[str]) -> str:
@@ -86,9 +116,9 @@ class TokenSink:
         first = self._pending[0]
         self._columns = [c for c in TOKEN_TYPES if c in first.column_names]
         # as written: token texts stay dictionary-coded when the importer gives them so (a few hundred
-        # distinct pieces: decoding ten million of them to encode them again cost half the write); ids are
-        # decoded, since a slice's dictionary holds every rollout of the slice and each row group few
-        self._types = dict(TOKEN_TYPES)
+        # distinct pieces: decoding ten million of them to encode them again cost half the write); ids get
+        # a dictionary per row group (_ids_by_row_group)
+        self._types = dict(TOKEN_TYPES, rollout_id=ID_TYPE)
         if "token_text" in self._columns and pa.types.is_dictionary(first.schema.field("token_text").type):
             self._types["token_text"] = pa.dictionary(pa.int32(), pa.string())
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="token-shard")
@@ -109,7 +139,7 @@ class TokenSink:
         cols = []
         for c in self._columns:
             a = table.column(c) if c in table.column_names else pa.nulls(table.num_rows, TOKEN_TYPES[c])
-            cols.append(a.cast(self._types[c]))
+            cols.append(_ids_by_row_group(a) if c == "rollout_id" else a.cast(self._types[c]))
         out = pa.Table.from_arrays(cols, names=self._columns)
         if self._writer is None:
             # dictionary pages for the columns that repeat (ids, texts); floats and positions in dictionary

@@ -83,6 +83,28 @@ def test_a_large_import_writes_one_shard_that_reads_like_the_table(tmp_path, mon
     table_store.close()
 
 
+def test_each_row_group_of_a_shard_bounds_its_rollout_ids(tmp_path, sharding, monkeypatch):
+    """Point reads skip row groups by their rollout_id statistics: each row group's must hold its
+    ids, and the groups follow each other in id order."""
+    monkeypatch.setattr(shards, "ROW_GROUP", 1000)
+    store = Store.open(tmp_path / "s.duckdb")
+    src = [write_parquet(tmp_path / f"p{i}.parquet", rows(150, 150 * i)) for i in range(2)]
+    rep = import_run(store, src, "generic", mapping=MAPPING)
+    [path] = store.shard_paths()
+    pf = pq.ParquetFile(path)
+    assert pf.metadata.num_row_groups >= rep.n_tokens // 1000
+    col = pf.schema_arrow.get_field_index("rollout_id")
+    last = ""
+    for g in range(pf.metadata.num_row_groups):
+        stats = pf.metadata.row_group(g).column(col).statistics
+        ids = pf.read_row_group(g, columns=["rollout_id"]).column(0).cast(pa.string()).to_pylist()
+        assert stats.has_min_max and stats.min <= min(ids) and max(ids) <= stats.max
+        assert stats.min >= last
+        last = max(ids)
+    assert pq.read_table(path).num_rows == rep.n_tokens
+    store.close()
+
+
 def test_a_second_import_adds_a_second_shard_and_small_ones_go_to_the_table(tmp_path, sharding):
     store = Store.open(tmp_path / "s.duckdb")
     import_run(store, write_parquet(tmp_path / "a.parquet", rows(200)), "generic", mapping=MAPPING)
