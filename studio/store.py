@@ -25,6 +25,10 @@ import pyarrow as pa
 
 from . import schema
 
+# a file in the shard folder that no shard lists is deleted on open once untouched this long: an
+# import writing it touches it every row group, one killed before its commit never again
+STRAY_SHARD_AGE_S = 600
+
 
 class StoreError(RuntimeError):
     """The store cannot be opened or written; the message says why and what to do."""
@@ -239,9 +243,13 @@ class Store:
             return "tokens"
         from .shards import select_sql
 
-        rows = self._con.cursor().execute(
-            """SELECT file, columns FROM token_shards WHERE max_rollout_id >= ? AND min_rollout_id <= ?
-               ORDER BY created_at, shard_id""", [lo, hi]).fetchall()
+        cur = self._con.cursor()
+        try:
+            rows = cur.execute(
+                """SELECT file, columns FROM token_shards WHERE max_rollout_id >= ? AND min_rollout_id <= ?
+                   ORDER BY created_at, shard_id""", [lo, hi]).fetchall()
+        finally:
+            cur.close()
         if not rows:  # (a shard is listed in the transaction that makes its rollouts visible: no race)
             return schema.TOKEN_ROWS
         parts = " UNION ALL ".join(select_sql(self.shard_dir / f, list(c or [])) for f, c in rows)
@@ -274,8 +282,10 @@ class Store:
 
     def _check_shards(self) -> None:
         """Every listed shard must be there; files in the folder that no shard lists (an import cut
-        off between writing its shard and committing) are deleted. The view is rewritten with the
-        folder's path as it is now (the store may have been moved)."""
+        off between writing its shard and committing) are deleted once untouched for
+        ``STRAY_SHARD_AGE_S`` (the same process may have the store open twice, one of them
+        importing). The view is rewritten with the folder's path as it is now (the store may have
+        been moved)."""
         listed = self.shard_paths()
         self._sharded = bool(listed)
         missing = [f for f in listed if not f.is_file()]
@@ -287,11 +297,15 @@ class Store:
         if self.shard_dir is not None and self.shard_dir.is_dir():
             keep = {f.name for f in listed}
             for f in self.shard_dir.iterdir():
-                if f.is_file() and f.name not in keep:
+                if f.is_file() and f.name not in keep and time.time() - f.stat().st_mtime > STRAY_SHARD_AGE_S:
                     f.unlink(missing_ok=True)
         if listed:
             with self.transaction() as cur:
-                self.refresh_tokens_view(cur)
+                # only when it changed (a moved store): a second open in this process must not rewrite
+                # the view under an import of the first, whose commit would then conflict on it
+                have = cur.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'tokens'").fetchall()
+                if not have or not all(str(f).replace("'", "''") in have[0][0] for f in listed):
+                    self.refresh_tokens_view(cur)
 
     def _close_interrupted_runs(self) -> None:
         """Runs still 'running' when the file is opened were cut off (a killed owner): DuckDB

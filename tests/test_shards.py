@@ -4,8 +4,10 @@ changes sharded rows; the store and its shard folder move together."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -15,7 +17,7 @@ import pytest
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 from studio import enrich, queries, shards
 from studio.importers import ColumnMapping, MalformedInput, import_run
-from studio.store import Store, StoreError
+from studio.store import STRAY_SHARD_AGE_S, Store, StoreError
 
 MAPPING = ColumnMapping(prompt="question", completion="answer", step="it", rewards=("correct",),
                         token_texts="toks", logprobs="lp", entropies="ent")
@@ -167,6 +169,11 @@ def test_a_file_no_shard_lists_is_removed_and_a_missing_shard_is_named(tmp_path,
     store.close()
     stray = shard.with_name("shard_cut_off_before_its_commit.parquet")  # an import killed before COMMIT
     stray.write_bytes(b"PAR1")
+    store = Store.open(path)  # just written: it may be another open's import in progress, so it stays
+    assert stray.exists()
+    store.close()
+    old = time.time() - STRAY_SHARD_AGE_S - 60
+    os.utime(stray, (old, old))  # untouched since: cut off
     store = Store.open(path)
     assert not stray.exists() and shard.exists()
     n = store.counts()["tokens"]
@@ -177,6 +184,30 @@ def test_a_file_no_shard_lists_is_removed_and_a_missing_shard_is_named(tmp_path,
     (tmp_path / "elsewhere.parquet").rename(shard)
     store = Store.open(path)  # nothing was changed by the refusal
     assert store.counts()["tokens"] == n
+    store.close()
+
+
+def test_opening_the_store_again_during_a_sharded_import_leaves_the_import_alone(tmp_path, sharding):
+    """A notebook may open the store the served app has open (DuckDB shares the file within a
+    process): that open must neither delete the shard being written nor break the import's commit."""
+    path = tmp_path / "s.duckdb"
+    store = Store.open(path)
+    import_run(store, write_parquet(tmp_path / "a.parquet", rows(300)), "generic", mapping=MAPPING)  # a shard
+    src = [write_parquet(tmp_path / f"p{i}.parquet", rows(200, 1000 + 200 * i)) for i in range(3)]
+    seen = []
+
+    def open_again(done, total):
+        if 0 < done < total and not seen:
+            writing = [f for f in (tmp_path / "s.duckdb.shards").iterdir() if f not in store.shard_paths()]
+            other = Store.open(path)
+            seen.append((writing, [f.exists() for f in writing], other.counts()["rollouts"]))
+            other.close()
+
+    rep = import_run(store, src, "generic", mapping=MAPPING, progress=open_again)
+    [(writing, exists, n_before)] = seen
+    assert len(writing) == 1 and exists == [True] and n_before == 300  # the other open saw the committed store
+    assert rep.status == "done" and store.shard_paths()[-1] == writing[0]
+    assert store.counts()["tokens"] == store.scalar("SELECT sum(n_tokens) FROM rollouts")
     store.close()
 
 
