@@ -125,7 +125,6 @@ class ImportReport:
     run_id: str | None
     n_rollouts: int = 0
     n_tokens: int = 0
-    tokens: TokenSink | None = None  # where token rows go: the table, or a shard for a large import
     n_files: int = 0
     skipped: list[Problem] = field(default_factory=list)
     seconds: float = 0.0
@@ -842,6 +841,7 @@ class _Ctx:
     versions: dict = field(default_factory=dict)  # version id -> reward columns
     n_rollouts: int = 0
     n_tokens: int = 0
+    tokens: TokenSink | None = None  # where token rows go: the table, or a shard for a large import
 
 
 def _components(b: _Batch) -> tuple[list[str], list[pa.Array], pa.Array]:
