@@ -212,7 +212,8 @@ def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),
     count as no text. ``tokens``: the rollout's tokens in order (``token_text``, ``step_idx``),
     when the caller has read them (:func:`queries.tokens`)."""
     if tokens is None:
-        tokens = store.df("SELECT token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+        tokens = store.df(f"SELECT token_text, step_idx FROM {store.tokens_between(rollout_id, rollout_id)} "
+                          "WHERE rollout_id = ? ORDER BY pos", [rollout_id])
     # a token with no text (imported ids alone, before enriching) counts as no text; read as plain
     # objects (iterating an Arrow-backed string column costs ~1 ms per hundred tokens)
     raw = tokens["token_text"].to_numpy(dtype=object, na_value=None)

@@ -232,7 +232,8 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     parent = queries.rollout(store, rollout_id)
     if parent is None:
         raise BranchError(f"rollout {rollout_id} is not in this store")
-    toks = store.df("SELECT pos, token_id, token_text FROM tokens WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+    toks = store.df(f"SELECT pos, token_id, token_text FROM {store.tokens_between(rollout_id, rollout_id)} "
+                    "WHERE rollout_id = ? ORDER BY pos", [rollout_id])
     if toks.empty:
         raise BranchError(f"rollout {rollout_id} has no stored tokens to branch from")
     if not 0 <= fork_pos < len(toks):

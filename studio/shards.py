@@ -78,6 +78,11 @@ def select_sql(path: Path, present: list[str]) -> str:
     return f"SELECT {', '.join(cols)} FROM read_parquet({quoted})"
 
 
+def union_sql(shards: list[tuple[Path, list[str]]]) -> str:
+    """Every ``(path, columns)`` shard as ``tokens`` columns, one query."""
+    return " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
+
+
 class TokenSink:
     """Where one import's token rows go (see the module's docstring). ``add`` each slice's token
     table in order; ``finish`` inside the import's transaction; ``discard`` when it fails."""

@@ -213,26 +213,35 @@ class Store:
         """The token shards the store reads, in the order they were written."""
         return [f for f, _ in self._shards(cur)]
 
-    def _shards(self, cur=None) -> list[tuple[Path, list[str]]]:
+    def _shards(self, cur=None, lo: str | None = None, hi: str | None = None) -> list[tuple[Path, list[str]]]:
+        """``(path, columns)`` of the listed shards, in order; with ``lo``, ``hi``: only those whose id
+        range meets ``lo``..``hi``."""
         if self.shard_dir is None:
             return []
+        where, params = ("WHERE max_rollout_id >= ? AND min_rollout_id <= ?", [lo, hi]) if lo is not None else ("", [])
         rows = (cur or self._con).execute(
-            "SELECT file, columns FROM token_shards ORDER BY created_at, shard_id").fetchall()
+            f"SELECT file, columns FROM token_shards {where} ORDER BY created_at, shard_id", params).fetchall()
         return [(self.shard_dir / f, list(c or [])) for f, c in rows]
+
+    @staticmethod
+    def _tokens_sql(shards: list[tuple[Path, list[str]]], skip_moved: bool = True) -> str:
+        """token_rows and ``shards`` as one ``tokens`` query (the shards' rows of moved rollouts left out)."""
+        from .shards import union_sql
+
+        sql = f"SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS}"
+        if shards:
+            parts = union_sql(shards)
+            where = " WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)" if skip_moved else ""
+            sql += f" UNION ALL SELECT * FROM ({parts}){where}"
+        return sql
 
     def refresh_tokens_view(self, cur: duckdb.DuckDBPyConnection) -> None:
         """(Re)write the ``tokens`` view over token_rows and the shards (inside the caller's transaction)."""
-        from .shards import select_sql
-
-        sql = f"SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS}"
         shards = self._shards(cur)
         if shards:
             self._sharded = True  # (never reset: a stale True costs tokens_between one small query)
-            parts = " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
-            moved = cur.execute("SELECT count(*) FROM tokens_moved").fetchall()[0][0]
-            where = " WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)" if moved else ""
-            sql += f" UNION ALL SELECT * FROM ({parts}){where}"
-        cur.execute(f"CREATE OR REPLACE VIEW tokens AS {sql}")
+        moved = bool(shards) and cur.execute("SELECT count(*) FROM tokens_moved").fetchall()[0][0] > 0
+        cur.execute(f"CREATE OR REPLACE VIEW tokens AS {self._tokens_sql(shards, skip_moved=moved)}")
 
     def tokens_between(self, lo: str, hi: str) -> str:
         """What to read ``tokens`` rows of rollout ids ``lo``..``hi`` from: ``tokens`` itself, or, when
@@ -241,31 +250,26 @@ class Store:
         the files that can hold it however many there are. The caller still filters on ``rollout_id``."""
         if not self._sharded:
             return "tokens"
-        from .shards import select_sql
-
-        cur = self._con.cursor()
+        cur = self._con.cursor()  # its own: reads come from many threads
         try:
-            rows = cur.execute(
-                """SELECT file, columns FROM token_shards WHERE max_rollout_id >= ? AND min_rollout_id <= ?
-                   ORDER BY created_at, shard_id""", [lo, hi]).fetchall()
+            shards = self._shards(cur, lo, hi)
         finally:
             cur.close()
-        if not rows:  # (a shard is listed in the transaction that makes its rollouts visible: no race)
-            return schema.TOKEN_ROWS
-        parts = " UNION ALL ".join(select_sql(self.shard_dir / f, list(c or [])) for f, c in rows)
-        return (f"(SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS} UNION ALL "
-                f"SELECT * FROM ({parts}) WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved))")
+        # (a shard is listed in the transaction that makes its rollouts visible: no race)
+        return f"({self._tokens_sql(shards)})" if shards else schema.TOKEN_ROWS
 
     def unshard(self, rollout_ids: list[str], cur: duckdb.DuckDBPyConnection) -> int:
         """Copy the shard rows of ``rollout_ids`` into token_rows, where they can be changed, and stop
         reading them from their shards (``tokens_moved``). Returns how many rollouts moved."""
-        shards = self._shards(cur)
-        if not shards or not rollout_ids:
+        if not rollout_ids:
             return 0
-        from .shards import select_sql
+        lo, hi = min(rollout_ids), max(rollout_ids)  # the shards that can hold them; their row groups skip on it too
+        shards = self._shards(cur, lo, hi)
+        if not shards:
+            return 0
+        from .shards import union_sql
 
-        parts = " UNION ALL ".join(select_sql(f, cols) for f, cols in shards)
-        lo, hi = min(rollout_ids), max(rollout_ids)  # a range the shards' row-group statistics can skip on
+        parts = union_sql(shards)
         moving = [r[0] for r in cur.execute(
             f"""SELECT DISTINCT rollout_id FROM ({parts}) WHERE rollout_id BETWEEN ? AND ?
                 AND list_contains(?::VARCHAR[], rollout_id)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
-from studio import enrich, queries, shards
+from studio import credit, enrich, queries, shards
 from studio.importers import ColumnMapping, MalformedInput, import_run
 from studio.store import STRAY_SHARD_AGE_S, Store, StoreError
 
@@ -126,6 +126,8 @@ def test_a_second_import_adds_a_second_shard_and_small_ones_go_to_the_table(tmp_
     for rid in [ids[0], ids[150], ids[250], ids[399], ids[-1]]:
         want = store.df(f"SELECT {queries.TOKEN_COLUMNS} FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid])
         assert len(want) > 0 and queries.tokens(store, rid).equals(want)
+        # the steps read the rollout's tokens themselves when not given them: the same rows
+        assert credit.steps_of(store, rid).equals(credit.steps_of(store, rid, tokens=queries.tokens(store, rid)))
     across = queries.tokens_of(store, ids[195:205] + ids[-2:])  # both shards and the table
     assert sum(map(len, across.values())) == store.scalar(
         "SELECT sum(n_tokens) FROM rollouts WHERE list_contains(?, rollout_id)", [ids[195:205] + ids[-2:]])

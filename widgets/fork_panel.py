@@ -222,7 +222,8 @@ class ForkPanel(pn.viewable.Viewer):
         try:
             ro = queries.rollout(st.store, st.rollout_id)
             tok = st.store.df("SELECT pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs "
-                              "FROM tokens WHERE rollout_id = ? AND pos = ?", [st.rollout_id, st.fork_pos])
+                              f"FROM {st.store.tokens_between(st.rollout_id, st.rollout_id)} "
+                              "WHERE rollout_id = ? AND pos = ?", [st.rollout_id, st.fork_pos])
         except StoreError as exc:
             self._head.object = banner("error", str(exc))
             return
