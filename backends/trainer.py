@@ -1,7 +1,7 @@
 """The mini-run's training side: the clipped policy-gradient loss and one GRPO step.
 
 Runs only in the mini-run's worker process (imports torch). The owner process (server or
-CLI, :mod:`studio.minirun`) starts the worker, receives every finished step as plain data
+CLI, :mod:`studio.runs.minirun`) starts the worker, receives every finished step as plain data
 and writes it to the store; nothing here touches the store.
 
 One training step (:func:`grpo_step`), as TRL's ``GRPOTrainer`` does it with
@@ -10,7 +10,7 @@ One training step (:func:`grpo_step`), as TRL's ``GRPOTrainer`` does it with
 1. sample ``group_size`` completions for each of ``prompts_per_step`` prompts with the
    current policy (the studio's own sampler, with per-token statistics);
 2. score them with the reward (a callable the worker was given);
-3. advantages with the chosen estimator (:mod:`studio.advantages`, the same functions
+3. advantages with the chosen estimator (:mod:`studio.signals.advantages`, the same functions
    the views use), per completion;
 4. μ optimiser updates on :func:`policy_loss` over the batch; the first update's
    log-probs are π_old (detached), the reference policy's (frozen copy of the start

@@ -28,11 +28,11 @@ Baseline, ``pandas_groupby_s``
     The same join query fetched with ``Store.df`` (``.df()``) into a DataFrame, then one
     ``groupby('group_id', sort=False)`` and ``transform`` of mean, std (sample, ddof=1),
     sum, count, max and min: GRPO = (r - mean) / (std + 1e-4), RLOO = r - (sum - r) / (n - 1),
-    all-equal groups (max - min <= 1e-9) and groups of one -> 0, as ``studio.advantages``.
+    all-equal groups (max - min <= 1e-9) and groups of one -> 0, as ``studio.signals.advantages``.
     The result (the same five columns) is held in the DataFrame.
 
 Before timing, the two are checked to agree on every rollout (max abs diff < 1e-9) and
-against the numpy references ``studio.advantages.grpo`` / ``rloo`` on a few groups
+against the numpy references ``studio.signals.advantages.grpo`` / ``rloo`` on a few groups
 (all-equal ones included). The two then alternate (which goes first alternates too) for
 ``--reps`` repetitions; the figure is the DuckDB median, the baseline the pandas median.
 For people, the script also splits the time: the join alone (to Arrow, to pandas), the
@@ -63,9 +63,16 @@ import pandas as pd
 import pyarrow as pa
 
 from benchmarks.synthetic import open_or_build, write_store  # noqa: E402
-
-from studio.advantages import (EQUAL_TOL, GRPO_EPS, from_stats_sql, group_stats_sql, grpo, grpo_sql, rloo,
-                               rloo_sql)
+from studio.signals.advantages import (
+    EQUAL_TOL,
+    GRPO_EPS,
+    from_stats_sql,
+    group_stats_sql,
+    grpo,
+    grpo_sql,
+    rloo,
+    rloo_sql,
+)
 
 GROUP = 8
 TARGET_S = 1.0
@@ -129,7 +136,7 @@ def synthetic_rewards(n_groups: int, rng: np.random.Generator) -> tuple[np.ndarr
 
 def build_store(path: Path, n: int):
     """Create ``path`` (must not exist) with n synthetic rollouts and their 'total' rewards."""
-    from studio.records import now
+    from studio.store.records import now
 
     rng = np.random.default_rng(20240601)
     n_groups = n // GROUP
@@ -199,7 +206,7 @@ def duck_temp(store) -> int:
 
 
 def pandas_transform(df: pd.DataFrame) -> pd.DataFrame:
-    """GRPO and RLOO by groupby transform, with studio.advantages' conventions."""
+    """GRPO and RLOO by groupby transform, with studio.signals.advantages' conventions."""
     r = df["reward"]
     g = r.groupby(df["group_id"], sort=False)
     mean, std = g.transform("mean"), g.transform("std")  # std: ddof=1, NaN for a group of one

@@ -82,7 +82,7 @@ def _hex_ids(prefix: str, n: int, rng: np.random.Generator) -> pa.Array:
 # --------------------------------------------------------------------------------------
 def build_store(path: Path, n: int):
     """Create ``path`` with n synthetic rollouts of the sample task and their four reward rows."""
-    from studio.records import now
+    from studio.store.records import now
 
     rng = np.random.default_rng(20240607)
     n_groups = n // GROUP

@@ -6,11 +6,11 @@ Three figures, on a fresh temporary store seeded with the sample rollouts:
 
 ``fork_vs_fresh_time``
     Several sample rollouts (one per prompt, spread over the rollout lengths) are forked in
-    the middle (position ``len // 2``) with ``studio.forks.branch_sync(store, rollout, pos,
+    the middle (position ``len // 2``) with ``studio.queries.forks.branch_sync(store, rollout, pos,
     [None], BranchConfig(n=8))``: the path the fork panel takes (plan the request, sample the
     8 continuations in the worker process, score them, store them), timed from the request
     until the 8 scored branches are stored. The baseline is what a user would do without
-    branching: ``studio.generation.generate_sync(store, policy, [prompt],
+    branching: ``studio.runs.generation.generate_sync(store, policy, [prompt],
     GenerateConfig(group_size=8))``, 8 fresh full rollouts of the same prompt, also sampled in
     the worker, scored and stored. Both bound the completion at the sample run's 48 tokens
     (the branch's bound includes the kept prefix). The worker is warmed first (one untimed
@@ -21,7 +21,7 @@ Three figures, on a fresh temporary store seeded with the sample rollouts:
 
 ``forking_token_share``
     The share of the sample run's tokens at or above the default fork threshold
-    (``studio.forks.threshold`` with ``ForkRule()``: the top 20 % by entropy in the run).
+    (``studio.queries.forks.threshold`` with ``ForkRule()``: the top 20 % by entropy in the run).
     With a quantile rule that share is about q by construction, so the script also prints
     the threshold in nats, the share of the run's entropy mass those tokens carry, and the
     share of tokens at or above 0.672 nats (the 80th-percentile token entropy reported in
@@ -95,7 +95,8 @@ def _ratio(a: float, b: float) -> float | None:
 def token_share(store) -> dict:
     import numpy as np
 
-    from studio.forks import ForkRule, threshold
+    from studio.queries.forks import threshold
+    from studio.signals.forks import ForkRule
 
     run_id, any_rollout = store.cursor().execute(
         "SELECT run_id, min(rollout_id) FROM rollouts WHERE parent_rollout_id IS NULL "
@@ -128,8 +129,8 @@ def pick_rollouts(store, k: int):
 
 def end_to_end(store, picks, reps: int, seed: int) -> dict:
     from studio import workers
-    from studio.forks import BranchConfig, branch_sync
-    from studio.generation import GenerateConfig, generate_sync
+    from studio.runs.branch import BranchConfig, branch_sync
+    from studio.runs.generation import GenerateConfig, generate_sync
 
     def branch(row, s):
         res = branch_sync(store, row.rollout_id, int(row.n_tokens) // 2, [None], BranchConfig(n=N_BRANCHES, seed=s))
@@ -172,7 +173,7 @@ def end_to_end(store, picks, reps: int, seed: int) -> dict:
 def backend_only(store, picks, reps: int, seed: int) -> dict:
     """``Policy.branch`` against ``Policy.sample`` in this process: the model work alone."""
     from backends import load_policy
-    from studio.forks import BranchConfig, plan_branch
+    from studio.runs.branch import BranchConfig, plan_branch
 
     policy = load_policy(POLICY_DIR)
     max_new = 48  # the sample run's max_new_tokens, which plan_branch also picks

@@ -8,7 +8,7 @@ GPT-2) and the arithmetic task, in one process run.
 
 ``minirun_step_s`` (baseline ``trl_grpo_step_s``)
     The same GRPO step on both sides: 8 prompts per step from the same pool (the mini-run's
-    default ``medium`` pool of 4096 training prompts, ``studio.training.task_prompts``), a
+    default ``medium`` pool of 4096 training prompts, ``studio.runs.training.task_prompts``), a
     group of 8 completions each (64 per step), at most 40 new tokens, temperature 1,
     top-p 1, no top-k, AdamW at a constant learning rate of 2e-4 (no weight decay, gradient
     norm clipped at 1), β = 0 (no KL, no reference model), ε = 0.2, one update per batch
@@ -17,7 +17,7 @@ GPT-2) and the arithmetic task, in one process run.
     The reward is the arithmetic task's built-in rule total on both sides
     (``studio.rewards.DEFAULT_RULES['arithmetic']``: accuracy + 0.1 format + 0.25 steps).
 
-    Ours: a real mini-run (``studio.minirun.start`` with ``MiniRunConfig(steps=N)``, the
+    Ours: a real mini-run (``studio.runs.minirun.start`` with ``MiniRunConfig(steps=N)``, the
     other settings its defaults, which are the ones above) on a temporary store
     (``Store.open(tmp/'s.duckdb')``); with the default ``overlap`` a second process samples
     the next batch with the studio's sampler (per-token log-probs, entropies, top-5) while
@@ -52,14 +52,14 @@ GPT-2) and the arithmetic task, in one process run.
 
 ``minirun_accuracy_gain_points`` (baseline ``accuracy_before_points``)
     The sample policy's final-answer accuracy on the 200 held-out prompts
-    (``studio.training.heldout_prompts``, the policy build's evaluation set, disjoint from
+    (``studio.runs.training.heldout_prompts``, the policy build's evaluation set, disjoint from
     the training pool by seed; textual overlaps are counted and printed) before and after a
     mini-run with the default ``MiniRunConfig`` (GRPO, lr 2e-4, ``medium`` pool of 4096
     prompts, 8 x 8 per step, overlapped sampling, checkpoints every 10 steps) trained for ``--train-minutes``
     (default 5) of wall time on this CPU, counted from ``minirun.start``: the run is started
     with more steps than it can take, ``minirun.stop`` is called when the time is up, the
     worker finishes the step in flight and saves a checkpoint, and that last checkpoint is
-    the "after" policy. Both policies are evaluated with ``studio.training.evaluate_job``
+    the "after" policy. Both policies are evaluated with ``studio.runs.training.evaluate_job``
     (in this process, the same ``--eval-seed``): k = ``--eval-k`` (default 4) samples per
     prompt at temperature 1 and one greedy completion. The figure is
     (after - before) x 100 on the MEAN SAMPLED ACCURACY at temperature 1 (k = 4), in
@@ -121,7 +121,7 @@ def _fmt(xs: list[float]) -> str:
 
 
 def _pivot(store, run_id: str):
-    from studio import minirun
+    from studio.runs import minirun
 
     m = minirun.metrics(store, [run_id])
     return m.pivot_table(index="train_step", columns="metric", values="value").sort_index()
@@ -148,8 +148,8 @@ def _intervals(seen: list[tuple[int, float]]) -> list[float]:
 
 
 def ours_round(store, steps: int, seed: int, overlap: bool = True) -> dict:
-    from studio import minirun
-    from studio.training import MiniRunConfig
+    from studio.runs import minirun
+    from studio.runs.training import MiniRunConfig
 
     cfg = MiniRunConfig(steps=steps, checkpoint_every=100_000, seed=seed, overlap=overlap)  # the rest: defaults
     t0 = time.perf_counter()
@@ -196,7 +196,7 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -
     from trl import GRPOConfig, GRPOTrainer
 
     from sample_data import POLICY_DIR
-    from studio.training import MiniRunConfig
+    from studio.runs.training import MiniRunConfig
 
     d = MiniRunConfig()
 
@@ -262,8 +262,8 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
     from backends.trainer import backward, grad_norm, length_buckets, micro_batches
     from sample_data import POLICY_DIR
     from studio.rewards import DEFAULT_RULES
+    from studio.runs.training import MiniRunConfig, RewardFn, _advantages
     from studio.tasks import get_task
-    from studio.training import MiniRunConfig, RewardFn, _advantages
 
     d = MiniRunConfig()
     task, rule = get_task(TASK), DEFAULT_RULES[TASK]
@@ -315,7 +315,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
 # learning: 5 minutes of mini-run, held-out accuracy before and after
 # --------------------------------------------------------------------------------------
 def evaluate(policy_path: str, heldout: list[dict], k: int, seed: int) -> tuple[dict, float]:
-    from studio.training import evaluate_job
+    from studio.runs.training import evaluate_job
 
     t = time.perf_counter()
     res = evaluate_job(policy_path, heldout, TASK, k=k, seed=seed)
@@ -323,8 +323,8 @@ def evaluate(policy_path: str, heldout: list[dict], k: int, seed: int) -> tuple[
 
 
 def learning_run(store, minutes: float, n_prompts: int | None = None) -> dict:
-    from studio import minirun
-    from studio.training import MiniRunConfig
+    from studio.runs import minirun
+    from studio.runs.training import MiniRunConfig
 
     cfg = MiniRunConfig(steps=100_000)  # the defaults; more steps than the budget allows: stopped on time
     if n_prompts:
@@ -378,9 +378,9 @@ def main() -> None:
     import trl  # imported once, before any timing
 
     from backends.device import cpu_threads
+    from studio.runs.training import MiniRunConfig, heldout_prompts, task_prompts
     from studio.store import Store
     from studio.tasks import get_task
-    from studio.training import MiniRunConfig, heldout_prompts, task_prompts
 
     d = MiniRunConfig()
     task = get_task(TASK)

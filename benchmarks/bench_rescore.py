@@ -9,7 +9,7 @@ copied with new rollout and group ids (``<old id>-c<copy>``) into a second run, 
 rollouts and prompts only).
 
 Sandboxed
-    ``studio.rules.apply_rule_sync(store, DEFAULT_SOURCE, name=...)`` over every rollout:
+    ``studio.rewards.rules.apply_rule_sync(store, DEFAULT_SOURCE, name=...)`` over every rollout:
     the sample task's default rule (final answer + format + per-step arithmetic) as the rule
     panel applies it. It reads the scope's rows (rollouts JOIN prompts, those not yet scored
     by the version), scores them in the sandbox's spawn-context worker pool (chunks of 500,
@@ -19,7 +19,7 @@ Sandboxed
     figure, by applying the rule to the 512 seeded rollouts (its cold time is printed).
 
 Baseline, ``in_process_loop_s``
-    The same work minus the isolation: the same read (``studio.rules._scope_rows``, the same
+    The same work minus the isolation: the same read (``studio.rewards.rules._scope_rows``, the same
     query), ``DEFAULT_SOURCE`` compiled with ``exec`` in this process and its ``reward``
     called per row in a plain Python loop exactly as ``sandbox.score_chunk`` calls it
     (``task.parse_completion``, ctx ``parsed``/``task``/``n_chars``), then the version row and
@@ -101,7 +101,7 @@ def build_store(path: Path, n: int):
 # the two methods
 # --------------------------------------------------------------------------------------
 def sandboxed(store, name: str) -> tuple[float, str, int]:
-    from studio.rules import DEFAULT_SOURCE, apply_rule_sync
+    from studio.rewards.rules import DEFAULT_SOURCE, apply_rule_sync
 
     t = time.perf_counter()
     res = apply_rule_sync(store, DEFAULT_SOURCE, name=name, note="bench_rescore")
@@ -121,9 +121,9 @@ def in_process(store, name: str, reward) -> tuple[float, str, int, dict]:
     """Read, score with ``reward`` in a plain loop, write: the sandbox's work without it."""
     import pandas as pd
 
-    from studio.records import now
-    from studio.rules import DEFAULT_SOURCE, _scope_rows, version_id
-    from studio.sandbox import source_sha
+    from studio.rewards.rules import DEFAULT_SOURCE, _scope_rows, version_id
+    from studio.rewards.sandbox import source_sha
+    from studio.store.records import now
     from studio.tasks import Prompt, get_task
 
     vid = version_id(name, DEFAULT_SOURCE)
@@ -157,9 +157,9 @@ def in_process(store, name: str, reward) -> tuple[float, str, int, dict]:
 
 def sandbox_phases(store, name: str, chunk: int) -> dict:
     """One sandboxed apply split into its pieces (the same calls ``apply_rule`` makes)."""
-    from studio import sandbox
-    from studio.rules import DEFAULT_SOURCE, _scope_rows, _write_version, version_id
-    from studio.sandbox import Limits, source_sha
+    from studio.rewards import sandbox
+    from studio.rewards.rules import DEFAULT_SOURCE, _scope_rows, _write_version, version_id
+    from studio.rewards.sandbox import Limits, source_sha
 
     limits = Limits()
     vid = version_id(name, DEFAULT_SOURCE)
@@ -220,8 +220,8 @@ def main() -> None:
     load0 = os.getloadavg()
 
     from studio import queries
-    from studio.rules import DEFAULT_SOURCE, apply_rule_sync
-    from studio.sandbox import Limits
+    from studio.rewards.rules import DEFAULT_SOURCE, apply_rule_sync
+    from studio.rewards.sandbox import Limits
 
     with tempfile.TemporaryDirectory(prefix="bench-rescore-") as tmp:
         t = time.perf_counter()

@@ -31,10 +31,10 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
     The group view (``widgets/group_view.py``): ``queries.group`` (every completion with reward,
     advantage and components) and ``queries.tokens_of`` its completions. A random group each time.
 ``ingest_rows_per_s`` (target: within 2x of the baseline, ratio >= 0.5)
-    ``studio.importers.import_run`` of ``--ingest-rollouts`` (default 100,000, ~10M tokens)
+    ``studio.ingest.importers.import_run`` of ``--ingest-rollouts`` (default 100,000, ~10M tokens)
     generic Parquet shards (columns prompt, completion, step, reward, accuracy, token_texts,
     logprobs, entropies; 4 shards) into a fresh store: (rollout + token rows) / seconds,
-    median of ``--ingest-reps``. The import is a bulk one (over ``studio.shards.SHARD_MIN_ROWS``
+    median of ``--ingest-reps``. The import is a bulk one (over ``studio.store.shards.SHARD_MIN_ROWS``
     token rows), so its token rows go into one Parquet shard beside the store, written while the
     store inserts the rest; the line per repetition says where they went. Baseline
     ``pyarrow_parquet_write_rows_per_s``: ``pyarrow.parquet.write_table`` of the same Arrow
@@ -78,6 +78,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from benchmarks import make_large_store as mls  # noqa: E402
+from studio.signals.steps import Segmenter
 
 TARGETS = {"rollout_tokens_ms_median": ("<", 20.0), "filtered_page_ms_median": ("<", 200.0),
            "group_ms_median": ("<", 200.0), "ingest_rows_per_s": (">=", 0.5)}  # ingest: ratio to the baseline
@@ -125,9 +126,9 @@ def open_store(db: Path | None, tmp: Path, shape: mls.Shape):
 # --------------------------------------------------------------------------------------
 def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Milliseconds per repetition of every measured action; and a note per action."""
-    from studio import credit, queries
-    from studio.advantages import Credit
-    from studio.queries import RolloutFilter
+    from studio import queries
+    from studio.queries import RolloutFilter, credit
+    from studio.signals.advantages import Credit
 
     cur = store.cursor()
     # each action gets rollouts of its own, so every click is a first look at that rollout (no action
@@ -145,7 +146,7 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
     cr = Credit()
 
     def strip(i):  # everything the token strip reads on a click (its fork threshold is kept per run)
-        credit.rollout_view(store, rids[i], cr, None, credit.Segmenter())
+        credit.rollout_view(store, rids[i], cr, None, Segmenter())
 
     def sql_header(i):  # the header as one SQL query over the rollout's group: what the point reads replaced
         base, params = queries.scored_rollouts_sql(None, queries.GROUP_OF, [rids_s[i]], cr, components=True)
@@ -266,7 +267,7 @@ def shard_tables(n_rollouts: int, tokens_per_rollout: int, seed: int, shards: in
 
 def ingest(tmp: Path, n_rollouts: int, tokens_per_rollout: int, reps: int, seed: int) -> dict:
     """Seconds of pyarrow writing the shards and of the importer reading them into a new store."""
-    from studio.importers import ColumnMapping, import_run
+    from studio.ingest.importers import ColumnMapping, import_run
     from studio.store import Store
 
     tables = shard_tables(n_rollouts, tokens_per_rollout, seed)

@@ -11,7 +11,7 @@ The shape follows what the studio writes:
   each step stamped 30 s after the previous one.
 * ``--rollouts / 8`` prompts (125,000 by default) of the arithmetic task (``Q: a+b-c=``); each
   group draws its prompt from them at random, so prompts recur across steps and runs.
-* ids from ``studio.records.new_ids`` (they sort in the order they were made; run ids as
+* ids from ``studio.store.records.new_ids`` (they sort in the order they were made; run ids as
   ``new_id`` would have made them on their runs' days), rollouts and
   their tokens inserted in that order, through ``Store.write`` in chunks of ``--chunk``
   rollouts (rollouts + tokens + rewards of a chunk in one transaction, as Generate writes).
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ TOPK = 5
 RULE_A = "synthetic-a@0000000000"
 RULE_B = "synthetic-b@1111111111"
 EOS = "<eos>"
-B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # studio.records' id digits, in byte order
+B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # studio.store.records' id digits, in byte order
 # numbers, operators and a few words, each a token text; "<eos>" ends every completion that stops
 VOCAB = ([str(i) for i in range(200)] + list("+-=;:A ") + ["\n", "Q", "so", " is", " the", " answer", " step",
          " carry", " then", " we", " add", " subtract", " get", " check", " wait", ",", "."]
@@ -77,7 +76,7 @@ class Shape:
     """Rollouts per ``Store.write`` (one transaction with their tokens and rewards)."""
     seed: int = 20240601
     sharded: bool = False
-    """Import runs' token rows in one Parquet shard per run, as ``studio.importers.import_run`` writes
+    """Import runs' token rows in one Parquet shard per run, as ``studio.ingest.importers.import_run`` writes
     a bulk import's (``studio/shards.py``); generate runs' in the table. False: every row in the table."""
 
 
@@ -86,7 +85,7 @@ class Plan:
     token rows are drawn per chunk by :meth:`chunks`."""
 
     def __init__(self, shape: Shape):
-        from studio.records import new_ids, prompt_id
+        from studio.store.records import new_ids, prompt_id
 
         self.shape = shape
         rng = np.random.default_rng(shape.seed)
@@ -240,7 +239,7 @@ class Plan:
 
 
 def _id_made_at(prefix: str, when: datetime, rng: np.random.Generator) -> str:
-    """An id as ``studio.records.new_id`` makes it at time ``when`` (7 base-62 digits of the
+    """An id as ``studio.store.records.new_id`` makes it at time ``when`` (7 base-62 digits of the
     milliseconds, then 9 random hex digits), so that runs made days apart sort, and differ in
     their first 8 bytes, as real ones do."""
     ms = int(when.replace(tzinfo=timezone.utc).timestamp() * 1000)
@@ -294,7 +293,7 @@ def build(path: Path, shape: Shape, quiet: bool = False):
 def _sharded(store, chunks, run_ids, run_kind):
     """``chunks`` with each import run's token rows taken out into one shard per run, listed when
     the run's last chunk has gone by (a bulk import of the run)."""
-    from studio.shards import TokenSink
+    from studio.store.shards import TokenSink
 
     sink, sink_run = None, None
 

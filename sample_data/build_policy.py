@@ -22,6 +22,7 @@ import torch
 from studio.tasks import get_task
 
 from . import POLICY_DIR
+
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = [chr(c) for c in range(32, 127)]  # printable ASCII, one token each
 MIX = [("easy", 0.3), ("medium", 0.4), ("hard", 0.3)]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from studio.generation import GenerateConfig, generate_sync
-from studio.schema import SEEDED
+from studio.runs.generation import GenerateConfig, generate_sync
 from studio.store import Store
+from studio.store.schema import SEEDED
 from studio.tasks import get_task
 
 from . import POLICY_DIR, ROLLOUTS_DIR

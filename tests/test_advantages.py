@@ -3,8 +3,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studio.advantages import (all_equal_groups, dr_grpo_sql, from_stats_sql, group_stats_sql, grpo, grpo_sql,
-                               rloo_sql)
+from studio.signals.advantages import (
+    all_equal_groups,
+    dr_grpo_sql,
+    from_stats_sql,
+    group_stats_sql,
+    grpo,
+    grpo_sql,
+    rloo_sql,
+)
 from studio.store import Store
 
 

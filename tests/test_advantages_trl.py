@@ -4,7 +4,7 @@ TRL has no standalone advantage function: ``GRPOTrainer`` and ``RLOOTrainer`` co
 advantages inline in ``_generate_and_score_completions``. So each test trains the tiny sample
 policy for a few real steps with a reward function that hands out pre-drawn random rewards,
 captures what TRL computed (the ``advantages`` the loss consumes, the rewards it logged, the
-prompts it grouped by) and recomputes them with :mod:`studio.advantages`.
+prompts it grouped by) and recomputes them with :mod:`studio.signals.advantages`.
 
 TRL groups the ``num_generations`` consecutive completions of one prompt (``view(-1, G)``);
 the test checks that each such block shares one prompt and passes the prompts as our group
@@ -30,7 +30,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer  # noqa: E402
 
 from sample_data import POLICY_DIR  # noqa: E402
-from studio import advantages  # noqa: E402
+from studio.signals import advantages  # noqa: E402
 
 G = 4  # num_generations: completions per prompt (one group)
 GROUPS_PER_STEP = 6  # per-device batch = 24 completions = 6 groups

@@ -10,7 +10,7 @@ import pytest
 import studio
 from sample_data import ROLLOUTS_DIR
 from studio import queries
-from studio.api import StudioAPIError
+from studio.face.api import StudioAPIError
 from studio.store import Store, StoreError
 
 
@@ -200,7 +200,7 @@ def test_rollouts_dataframe_types(s):
 def test_every_tab_is_a_component(s):
     import panel as pn
 
-    from studio.api import VIEWS
+    from studio.face.api import VIEWS
 
     rid = s.rollouts(limit=1).rollout_id.iloc[0]
     s.state.open_rollout(rid)

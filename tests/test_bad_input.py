@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import launch
+from studio.face import serve
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 from studio import queries
-from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate_sync
 from studio.rewards import ARITHMETIC_V1
+from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate_sync
 from studio.store import Store, StoreError
 from studio.tasks import TaskParseError, get_task
 
@@ -109,10 +109,10 @@ def test_any_file_given_as_store_is_refused_untouched(data):
 @given(port=st.integers(-10, 100_000), address=st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "10.1.2.3", "host"]))
 def test_cli_arguments_parse_or_exit_2(port, address):
     try:
-        args = launch.parse_args(["--port", str(port), "--address", address])
+        args = serve.parse_args(["--port", str(port), "--address", address])
     except SystemExit as exc:
         assert exc.code == 2 and not 0 < port < 65536
         return
     assert 0 < args.port < 65536
-    refused = launch.unauthenticated_exposure(["panel", "serve", "launch.py", "--address", address]) is not None
-    assert refused is (not launch.is_loopback(address))
+    refused = serve.unauthenticated_exposure(["panel", "serve", "launch.py", "--address", address]) is not None
+    assert refused is (not serve.is_loopback(address))

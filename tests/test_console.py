@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from studio import console
+from studio.queries import console
 from studio.store import QueryTimeout
 
 

@@ -18,7 +18,7 @@ GROUP = 4
 WRITER = textwrap.dedent(f"""
     import sys
     from sample_data import POLICY_DIR, ROLLOUTS_DIR
-    from studio.generation import GenerateConfig, generate_sync
+    from studio.runs.generation import GenerateConfig, generate_sync
     from studio.store import Store
 
     if __name__ == "__main__":

@@ -6,10 +6,22 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studio import credit, queries
-from studio.advantages import (Credit, dr_grpo, entropy_mask, gae, grpo, kl_in_reward, kl_token_rewards,
-                               reinforce_pp, rloo)
-from studio.credit import Segmenter, token_spans
+from studio import queries
+from studio.queries import credit
+from studio.runs.credit_models import information_gain
+from studio.signals.advantages import (
+    Credit,
+    dr_grpo,
+    entropy_mask,
+    gae,
+    grpo,
+    kl_in_reward,
+    kl_token_rewards,
+    reinforce_pp,
+    rloo,
+)
+from studio.signals.steps import Segmenter, aggregate, gated, step_advantages, token_spans
+from studio.workers.sync import run_sync
 
 
 def test_sequence_estimators_on_literal_groups():
@@ -121,10 +133,9 @@ def test_information_gain_equals_direct_log_likelihoods(seeded_store):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sample_data import POLICY_DIR
-    from studio.generation import run_sync
 
     rid = seeded_store.scalar("SELECT rollout_id FROM rollouts WHERE text LIKE '%;%;%' LIMIT 1")
-    source = run_sync(credit.information_gain, seeded_store, POLICY_DIR, [rid])
+    source = run_sync(information_gain, seeded_store, POLICY_DIR, [rid])
     got = credit.step_rewards(seeded_store, rid, source)["value"].to_numpy()
     row = seeded_store.df("""SELECT ro.text, p.text AS prompt, p.gold FROM rollouts ro JOIN prompts p USING (prompt_id)
                              WHERE rollout_id = ?""", [rid]).iloc[0]
@@ -143,15 +154,15 @@ def test_information_gain_equals_direct_log_likelihoods(seeded_store):
     probs = [p_gold("")] + [p_gold(";".join(parts[:k + 1]) + ";") for k in range(len(parts))]
     assert got == pytest.approx(np.diff(probs), abs=1e-4)
     # a second call computes nothing new and stores no duplicates
-    run_sync(credit.information_gain, seeded_store, POLICY_DIR, [rid])
+    run_sync(information_gain, seeded_store, POLICY_DIR, [rid])
     assert seeded_store.scalar("SELECT count(*) FROM step_rewards WHERE source = ?", [source]) == len(parts)
 
 
 def test_aggregation_gating_step_advantages_and_group_diagnostics(seeded_store):
-    assert credit.aggregate([0.2, -0.1, 0.4], "sum") == pytest.approx(0.5)
-    assert credit.aggregate([], "min") is None
-    assert credit.gated(0.9, [1.0, 1.0], tau=1.0) == 0.9 and credit.gated(1.0, [1.0, 1.0], tau=1.0) == 3.0
-    assert [a.tolist() for a in credit.step_advantages([np.ones(2), np.ones(3)])] == [[0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert aggregate([0.2, -0.1, 0.4], "sum") == pytest.approx(0.5)
+    assert aggregate([], "min") is None
+    assert gated(0.9, [1.0, 1.0], tau=1.0) == 0.9 and gated(1.0, [1.0, 1.0], tau=1.0) == 3.0
+    assert [a.tolist() for a in step_advantages([np.ones(2), np.ones(3)])] == [[0.0, 0.0], [0.0, 0.0, 0.0]]
     run = seeded_store.scalar("SELECT run_id FROM runs LIMIT 1")
     z = credit.all_equal_by_step(seeded_store, run)
     groups = queries.groups(seeded_store, run)

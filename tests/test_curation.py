@@ -22,10 +22,9 @@ import pytest  # noqa: E402
 
 from sample_data import POLICY_DIR, ROLLOUTS_DIR  # noqa: E402
 from studio import curation, queries  # noqa: E402
-from studio.curation import (CurationError, NothingToExport, PairRule, StalePairsError,  # noqa: E402
-                             build_pairs)
-from studio.records import now  # noqa: E402
+from studio.curation import CurationError, NothingToExport, PairRule, StalePairsError, build_pairs  # noqa: E402
 from studio.store import Store  # noqa: E402
+from studio.store.records import now  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 V = "lit@1"  # the literal stores' reward version
@@ -259,8 +258,8 @@ def test_hand_picked_pairs(seeded_store):
 def test_step_pairs_from_a_real_fork_tree(seeded_store, tmp_path):
     from tokenizers import Tokenizer
 
-    from studio import forks
-    from studio.forks import BranchConfig
+    from studio.queries import forks
+    from studio.runs.branch import BranchConfig, branch_sync
 
     # a right rollout, forked at the answer's first digit: forcing another digit makes the answer wrong
     rid = queries.rollout_table(seeded_store, queries.RolloutFilter(correct=True)).iloc[0]["rollout_id"]
@@ -270,7 +269,7 @@ def test_step_pairs_from_a_real_fork_tree(seeded_store, tmp_path):
     digit = toks["token_text"].iloc[pos]
     other = next(d for d in "123456789" if d != digit)
     forced = Tokenizer.from_file(str(POLICY_DIR / "tokenizer.json")).token_to_id(other)
-    res = forks.branch_sync(seeded_store, rid, pos, [forced, None], BranchConfig(n=3, seed=11))
+    res = branch_sync(seeded_store, rid, pos, [forced, None], BranchConfig(n=3, seed=11))
     assert res.status == "done" and res.rollouts == 6
 
     built = build_pairs(seeded_store, PairRule("all_pairs", level="step"),
@@ -424,7 +423,7 @@ def step_reward(prompt, step, gold, **ctx):
 def exported_store(tmp_path_factory):
     """The sample store with accepted pairs: best vs worst per group (two of them swapped) and
     step rewards from a rule with a step_reward (the stepwise labels)."""
-    from studio import rules
+    from studio.rewards import rules
 
     path = tmp_path_factory.mktemp("exp") / "studio.duckdb"
     store = Store.open(path, seed_dir=ROLLOUTS_DIR)

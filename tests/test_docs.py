@@ -3,10 +3,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-import launch
-from studio.generation import GenerateConfig
+from studio.face import serve
 from studio.rewards import DEFAULT_RULES
-from studio.schema import TABLES
+from studio.runs.generation import GenerateConfig
+from studio.store.schema import TABLES
 from widgets.style import CHANNELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def test_readme_starts_with_the_two_setup_commands():
 
 
 def test_every_launch_option_is_documented():
-    flags = [a.option_strings[-1] for a in launch.build_parser()._actions if a.option_strings and a.dest != "help"]
+    flags = [a.option_strings[-1] for a in serve.build_parser()._actions if a.option_strings and a.dest != "help"]
     assert "--db" in flags and "--check" in flags
     for flag in flags:
         assert f"`{flag}" in README, flag
@@ -54,7 +54,7 @@ def test_every_table_and_module_is_in_the_architecture_map():
 
 
 def test_every_minirun_setting_is_documented():
-    from studio.training import MiniRunConfig
+    from studio.runs.training import MiniRunConfig
 
     for f in dataclasses.fields(MiniRunConfig):
         assert f"`{f.name}`" in README, f.name

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from sample_data import POLICY_DIR
-from studio import enrich, queries
+from studio import queries
+from studio.runs import enrich
 
 
 @pytest.fixture()
@@ -106,8 +107,8 @@ def test_a_rollout_longer_than_the_policys_context_is_skipped_with_the_reason(tm
     import json
 
     from sample_data import POLICY_DIR
-    from studio.enrich import enrich_sync
-    from studio.importers import import_run
+    from studio.ingest.importers import import_run
+    from studio.runs.enrich import enrich_sync
     from studio.store import Store
 
     store = Store.open(tmp_path / "s.duckdb")

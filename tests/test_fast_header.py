@@ -20,9 +20,11 @@ import pyarrow as pa
 import pytest
 
 from sample_data import ROLLOUTS_DIR
-from studio import credit, queries
-from studio.advantages import Credit, reinforce_pp, whiten
-from studio.importers import import_run
+from studio import queries
+from studio.ingest.importers import import_run
+from studio.queries import credit
+from studio.signals.advantages import Credit, reinforce_pp, whiten
+from studio.signals.steps import Segmenter
 from studio.store import Store
 from tests.test_importers import board_line, trl_log, write_jsonl
 
@@ -321,7 +323,7 @@ def test_the_click_s_shared_reads_equal_separate_reads(cases):
     rids = store.df("SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY 1", [k])["rollout_id"].tolist()
     for cr in SEQUENCE + TOKEN:
         for rid in rids[5:]:  # with a gap in the reference (7) and in the values (6)
-            view = credit.rollout_view(store, rid, cr, None, credit.Segmenter("delimiter", ";"))
+            view = credit.rollout_view(store, rid, cr, None, Segmenter("delimiter", ";"))
             alone = credit.token_advantages(store, rid, cr, None)
             assert not differences(view.rollout, queries.rollout(store, rid, None, cr))
             assert (view.credit.values is None) == (alone.values is None) and view.credit.note == alone.note
@@ -329,7 +331,7 @@ def test_the_click_s_shared_reads_equal_separate_reads(cases):
                 assert np.array_equal(view.credit.values, alone.values) and view.credit.sequence == alone.sequence
                 assert alone.values[0] == pytest.approx(view.rollout["advantage"], abs=1e-5)  # first token = header
             pd.testing.assert_frame_equal(view.tokens, queries.tokens(store, rid))
-            pd.testing.assert_frame_equal(view.steps, credit.steps_of(store, rid, credit.Segmenter("delimiter", ";")))
+            pd.testing.assert_frame_equal(view.steps, credit.steps_of(store, rid, Segmenter("delimiter", ";")))
     assert credit.rollout_view(store, "nope", Credit()) is None
 
 
@@ -432,8 +434,8 @@ def test_new_rows_reach_every_sidebar_picker_read_off_the_event_loop(seeded_stor
 
     import widgets.state as wstate
     from sample_data import POLICY_DIR
-    from studio.app import create_app
-    from studio.generation import GenerateConfig, generate_sync
+    from studio.face.app import create_app
+    from studio.runs.generation import GenerateConfig, generate_sync
     from widgets.generate_panel import GeneratePanel
     from widgets.rollout_table import RolloutTable
 

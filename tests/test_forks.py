@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from sample_data import EARLY_POLICY_DIR, POLICY_DIR
-from studio import forks, queries
-from studio.forks import BranchConfig, BranchError, ForkRule, NoPolicyError
+from studio import queries
+from studio.queries import forks
+from studio.runs.branch import BranchConfig, BranchError, NoPolicyError, branch_sync
+from studio.runs.compare import score_with_sync
+from studio.signals.forks import ForkRule, fork_mask, quantile_threshold
 from studio.store import Store
 from widgets.token_strip import channel_values
-
 
 # -- the quantile rule (TRL's top_entropy_quantile) ------------------------------------------
 
@@ -24,9 +26,9 @@ from widgets.token_strip import channel_values
     ([0.3, 0.9], 1.0, 0.3, [1, 1]),  # q = 1 keeps every token
 ])
 def test_quantile_rule_on_literal_cases(entropies, q, threshold, mask):
-    thr = forks.quantile_threshold(np.array(entropies), q)
+    thr = quantile_threshold(np.array(entropies), q)
     assert thr == pytest.approx(threshold)
-    assert forks.fork_mask(np.array(entropies), thr).astype(int).tolist() == mask
+    assert fork_mask(np.array(entropies), thr).astype(int).tolist() == mask
 
 
 def test_quantile_rule_is_trls():
@@ -35,8 +37,8 @@ def test_quantile_rule_is_trls():
     for q in (0.05, 0.2, 0.5):
         ent = rng.exponential(0.3, size=997).astype(np.float32)
         trl = torch.quantile(torch.from_numpy(ent).float(), 1 - q).item()
-        assert forks.quantile_threshold(ent, q) == pytest.approx(trl, rel=1e-5)
-        assert (forks.fork_mask(ent, trl) == (torch.from_numpy(ent) >= trl).numpy()).all()
+        assert quantile_threshold(ent, q) == pytest.approx(trl, rel=1e-5)
+        assert (fork_mask(ent, trl) == (torch.from_numpy(ent) >= trl).numpy()).all()
 
 
 def test_store_threshold_matches_the_numpy_rule(seeded_store):
@@ -47,7 +49,7 @@ def test_store_threshold_matches_the_numpy_rule(seeded_store):
     for q in (0.1, 0.2, 0.5):
         thr = forks.threshold(seeded_store, ForkRule(q=q), rid)
         assert thr.n_tokens == len(ent)
-        assert thr.value == pytest.approx(forks.quantile_threshold(ent, q), rel=1e-6)
+        assert thr.value == pytest.approx(quantile_threshold(ent, q), rel=1e-6)
         assert thr.share == pytest.approx((ent >= thr.value).mean())
     absolute = forks.threshold(seeded_store, ForkRule(absolute=0.5), rid)
     assert absolute.value == 0.5 and absolute.share == pytest.approx((ent >= 0.5).mean())
@@ -122,10 +124,10 @@ def test_branch_tree_round_trips_through_the_store(tmp_path):
     store = Store.open(path, seed_dir=ROLLOUTS_DIR)
     rid, pos, toks = _middle_fork(store)
     alt = int(toks.iloc[pos]["topk_ids"][1])
-    res = forks.branch_sync(store, rid, pos, [alt, None], BranchConfig(n=4, seed=7))
+    res = branch_sync(store, rid, pos, [alt, None], BranchConfig(n=4, seed=7))
     assert res.status == "done" and res.rollouts == 8 and res.error is None
     # the branch of a branch
-    res2 = forks.branch_sync(store, res.rollout_ids[0], pos + 2, [None], BranchConfig(n=2, seed=8))
+    res2 = branch_sync(store, res.rollout_ids[0], pos + 2, [None], BranchConfig(n=2, seed=8))
     assert res2.status == "done" and res2.rollouts == 2
     store.close()
 
@@ -188,25 +190,25 @@ def test_bad_branch_requests_say_what_to_change_and_write_nothing(seeded_store):
     rid, pos, toks = _middle_fork(seeded_store)
     before = seeded_store.counts()
     with pytest.raises(BranchError, match="n must be 1-32, got 33"):
-        forks.branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=33))
+        branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=33))
     with pytest.raises(BranchError, match="at most 64 per request"):
-        forks.branch_sync(seeded_store, rid, pos, [1, 2, 3, None], BranchConfig(n=20))
+        branch_sync(seeded_store, rid, pos, [1, 2, 3, None], BranchConfig(n=20))
     with pytest.raises(BranchError, match="choose at least one alternative"):
-        forks.branch_sync(seeded_store, rid, pos, [], BranchConfig(n=2))
+        branch_sync(seeded_store, rid, pos, [], BranchConfig(n=2))
     with pytest.raises(BranchError, match=f"outside the rollout's {len(toks)} tokens"):
-        forks.branch_sync(seeded_store, rid, len(toks) + 3, [None])
+        branch_sync(seeded_store, rid, len(toks) + 3, [None])
     with pytest.raises(BranchError, match="not in this store"):
-        forks.branch_sync(seeded_store, "r-missing", 0, [None])
+        branch_sync(seeded_store, "r-missing", 0, [None])
     assert seeded_store.counts() == before
 
 
 def test_branch_depth_is_bounded(seeded_store, monkeypatch):
     monkeypatch.setattr(forks, "MAX_DEPTH", 1)
     rid, pos, _ = _middle_fork(seeded_store)
-    res = forks.branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=1, seed=1))
+    res = branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=1, seed=1))
     assert res.status == "done"
     with pytest.raises(BranchError, match="branches nest at most 1 deep"):
-        forks.branch_sync(seeded_store, res.rollout_ids[0], pos + 1, [None], BranchConfig(n=1))
+        branch_sync(seeded_store, res.rollout_ids[0], pos + 1, [None], BranchConfig(n=1))
 
 
 def test_rollout_without_a_policy_explains_how_to_attach_one(seeded_store, tmp_path):
@@ -214,13 +216,13 @@ def test_rollout_without_a_policy_explains_how_to_attach_one(seeded_store, tmp_p
     with seeded_store.transaction() as cur:  # as an import of text only would leave it
         cur.execute("UPDATE runs SET policy = NULL, kind = 'import'")
     with pytest.raises(NoPolicyError, match="no policy attached.*attach the policy folder"):
-        forks.branch_sync(seeded_store, rid, pos, [None])
+        branch_sync(seeded_store, rid, pos, [None])
     with seeded_store.transaction() as cur:
         cur.execute("UPDATE runs SET policy = ?", [str(tmp_path / "gone")])
     with pytest.raises(NoPolicyError, match="cannot be loaded here"):
-        forks.branch_sync(seeded_store, rid, pos, [None])
+        branch_sync(seeded_store, rid, pos, [None])
     # attaching a policy explicitly branches it
-    res = forks.branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=2, seed=2), policy_path=POLICY_DIR)
+    res = branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=2, seed=2), policy_path=POLICY_DIR)
     assert res.status == "done" and res.rollouts == 2
 
 
@@ -240,7 +242,7 @@ def test_a_policy_with_another_tokenizer_is_refused(seeded_store, tmp_path):
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     before = seeded_store.counts()["rollouts"]
-    res = forks.branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=1), policy_path=folder)
+    res = branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=1), policy_path=folder)
     assert res.status == "failed" and "tokenizer is not the one that made the rollout" in res.error
     assert seeded_store.counts()["rollouts"] == before
 
@@ -250,7 +252,7 @@ def test_cancelled_branch_leaves_no_rows(seeded_store):
     before = seeded_store.counts()["rollouts"]
     cancel = threading.Event()
     cancel.set()
-    res = forks.branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=8), cancel=cancel)
+    res = branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=8), cancel=cancel)
     assert res.status == "cancelled" and res.rollouts == 0
     assert seeded_store.counts()["rollouts"] == before
     assert seeded_store.scalar("SELECT status FROM runs WHERE run_id = ?", [res.run_id]) == "cancelled"
@@ -275,9 +277,9 @@ def test_entropy_comparison_with_the_early_checkpoint(seeded_store, sample_polic
     assert (EARLY_POLICY_DIR / "config.json").exists(), "run: python -m sample_data.build_policy --out sample_data/policy_early --target 0.15"
     gid = queries.groups(seeded_store).iloc[0]["group_id"]
     ids = seeded_store.df("SELECT rollout_id FROM rollouts WHERE group_id = ?", [gid])["rollout_id"].tolist()
-    version = forks.score_with_sync(seeded_store, EARLY_POLICY_DIR, ids)
+    version = score_with_sync(seeded_store, EARLY_POLICY_DIR, ids)
     assert version.startswith("policy_early@")
-    again = forks.score_with_sync(seeded_store, EARLY_POLICY_DIR, ids)  # already scored: nothing added
+    again = score_with_sync(seeded_store, EARLY_POLICY_DIR, ids)  # already scored: nothing added
     assert again == version
     n_tok = seeded_store.scalar("SELECT count(*) FROM tokens WHERE list_contains(?, rollout_id)", [ids])
     assert seeded_store.scalar("SELECT count(*) FROM token_scores") == n_tok

@@ -7,7 +7,7 @@ import pytest
 from backends import PolicyLoadError, pick_device
 from sample_data import POLICY_DIR
 from studio import queries
-from studio.generation import ConfigError, GenerateConfig, generate_sync
+from studio.runs.generation import ConfigError, GenerateConfig, generate_sync
 from studio.store import Store
 from studio.tasks import TaskParseError
 

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from studio import importers as im
 from studio import queries
-from studio.importers import (
+from studio.ingest import importers as im
+from studio.ingest.importers import (
     ColumnMapping,
     ImportFormatError,
     MalformedInput,
     import_run,
 )
+from studio.ingest.tail import Tailer
 from studio.store import Store
-from studio.tail import Tailer
 
 FUZZ = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])

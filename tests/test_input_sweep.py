@@ -23,13 +23,14 @@ from hypothesis import strategies as st
 import studio
 from backends import PolicyLoadError
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
-from studio import cli, queries, rules, schema
-from studio.api import Studio, StudioAPIError
-from studio.console import ReadOnlyError
-from studio.generation import ConfigError
-from studio.pairs import CurationError, PairRule
-from studio.sandbox import Limits, RuleSourceError
-from studio.store import QueryTimeout, Store, StoreError
+from studio import cli, queries
+from studio.curation.pairs import CurationError, PairRule
+from studio.face.api import Studio, StudioAPIError
+from studio.queries.console import ReadOnlyError
+from studio.rewards import rules
+from studio.rewards.sandbox import Limits, RuleSourceError
+from studio.runs.generation import ConfigError
+from studio.store import QueryTimeout, Store, StoreError, schema
 from studio.tasks import TaskParseError, get_task
 from tests.ui.harness import server_tracebacks
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import launch
+from studio.face import serve
 from tests.ui.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_non_loopback_address_needs_authentication(tmp_path):
 def test_admins_need_authentication():
     r = run("--admins", "alice", "--check")
     assert r.returncode == 2 and "--admins needs authentication" in r.stderr
-    assert launch.admin_set(" alice, bob ,") == {"alice", "bob"} and launch.admin_set(None) is None
+    assert serve.admin_set(" alice, bob ,") == {"alice", "bob"} and serve.admin_set(None) is None
 
 
 def test_bad_port_is_an_argument_error():
@@ -63,13 +63,13 @@ def test_bad_port_is_an_argument_error():
 @pytest.mark.parametrize("addr,loop", [("127.0.0.1", True), ("localhost", True), ("::1", True), ("127.0.0.2", True),
                                        ("0.0.0.0", False), ("192.168.1.4", False), ("example.org", False)])
 def test_is_loopback(addr, loop):
-    assert launch.is_loopback(addr) is loop
+    assert serve.is_loopback(addr) is loop
 
 
 def test_websocket_origins():
-    assert launch.websocket_origins("127.0.0.1", 5006) == ["127.0.0.1:5006", "localhost:5006"]
-    assert "[::1]:8000" in launch.websocket_origins("::1", 8000)
-    assert launch.websocket_origins("0.0.0.0", 5006) == ["*"]  # only reachable with auth
+    assert serve.websocket_origins("127.0.0.1", 5006) == ["127.0.0.1:5006", "localhost:5006"]
+    assert "[::1]:8000" in serve.websocket_origins("::1", 8000)
+    assert serve.websocket_origins("0.0.0.0", 5006) == ["*"]  # only reachable with auth
 
 
 @pytest.mark.parametrize("argv,refused", [
@@ -79,7 +79,7 @@ def test_websocket_origins():
     (["--oauth-provider=github"], False),
 ])
 def test_panel_serve_exposure_rule(argv, refused):
-    problem = launch.unauthenticated_exposure(["panel", "serve", "launch.py", *argv])
+    problem = serve.unauthenticated_exposure(["panel", "serve", "launch.py", *argv])
     assert (problem is not None) is refused
     if refused:
         assert "--address 127.0.0.1" in problem and "--basic-auth" in problem
@@ -89,7 +89,7 @@ def test_no_browser_without_a_display(monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
-    assert launch.can_show() is False
+    assert serve.can_show() is False
 
 
 def test_panel_serve_launch_py_works(tmp_path):
@@ -125,7 +125,7 @@ def test_serving_turns_off_bokeh_s_costly_diagnostics_unless_asked(monkeypatch, 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     try:
-        launch.serving_diagnostics()
+        serve.serving_diagnostics()
         assert settings.perform_error_diagnostics() is expected
         with pytest.raises(AttributeError, match="objekt") as err:
             Div().objekt  # noqa: B018 - still an error, with suggestions only when asked for

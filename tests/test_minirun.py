@@ -17,10 +17,10 @@ import torch  # noqa: E402
 
 from backends.trainer import completion_logps, entropy_threshold, policy_loss  # noqa: E402
 from sample_data import POLICY_DIR  # noqa: E402
-from studio import minirun  # noqa: E402
+from studio.runs import minirun  # noqa: E402
+from studio.runs.training import MiniRunConfig, TrainConfigError, evaluate_job, task_prompts  # noqa: E402
 from studio.store import Store  # noqa: E402
 from studio.tasks import get_task  # noqa: E402
-from studio.training import MiniRunConfig, TrainConfigError, evaluate_job, task_prompts  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -188,7 +188,7 @@ def test_twenty_steps_raise_accuracy_on_the_training_prompts(store):
     after = evaluate_job(last[1], pool, "arithmetic", k=8, seed=1)
     assert after["accuracy"] >= before["accuracy"] + 0.08, (before, after)
     # what was optimised is stored: advantages are GRPO's within each group, weights = advantage per token
-    from studio.advantages import grpo
+    from studio.signals.advantages import grpo
     df = store.df("""SELECT ro.rollout_id, ro.group_id, ro.train_advantage, rw.value AS reward
                      FROM rollouts ro JOIN rewards rw USING (rollout_id)
                      WHERE ro.run_id = ? AND ro.train_step = 3 AND rw.component = 'total'""", [run_id])
@@ -284,7 +284,7 @@ def test_a_reward_model_or_a_failing_rule_is_the_training_reward(seeded_store):
     task's accuracy still tracked); a user rule that raises on some completions stores why."""
     from backends.reward_model import load_reward_model
     from sample_data import REWARD_MODEL_DIR
-    from studio import rules
+    from studio.rewards import rules
 
     rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR).rule_version_id
     small = dict(steps=2, prompts_per_step=2, group_size=4, checkpoint_every=2)

@@ -171,13 +171,14 @@ def test_bad_folders_give_a_specific_error(tmp_path):
 # ---------------------------------------------------------------------------- in the studio
 
 def test_prm_steps_are_stored_as_a_step_reward_source(seeded_store):
-    """credit.prm_steps scores each segmented step in a worker and stores exactly what the PRM
+    """prm_steps scores each segmented step in a worker and stores exactly what the PRM
     says for prompt + completion through that step; a second call adds nothing."""
-    from studio import credit
-    from studio.generation import run_sync
+    from studio.queries import credit
+    from studio.runs.credit_models import prm_steps
+    from studio.workers.sync import run_sync
 
     rids = seeded_store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id LIMIT 24")["rollout_id"].tolist()
-    source = run_sync(credit.prm_steps, seeded_store, PRM_DIR, rids)
+    source = run_sync(prm_steps, seeded_store, PRM_DIR, rids)
     assert source == "prm-" + prm_version(PRM_DIR) and source in credit.step_sources(seeded_store)
     rows = seeded_store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt FROM rollouts ro JOIN prompts p
                               USING (prompt_id) WHERE list_contains(?, rollout_id)""", [rids])
@@ -191,20 +192,22 @@ def test_prm_steps_are_stored_as_a_step_reward_source(seeded_store):
         np.testing.assert_allclose(got["value"], direct, atol=1e-6)
         n += len(steps)
     assert n > len(rids)  # several steps each
-    run_sync(credit.prm_steps, seeded_store, PRM_DIR, rids)
+    run_sync(prm_steps, seeded_store, PRM_DIR, rids)
     assert seeded_store.scalar("SELECT count(*) FROM step_rewards WHERE source = ?", [source]) == n
 
 
 def test_critic_values_feed_gae(seeded_store, prompt_ids):
-    """credit.critic_values stores V(s_t) per token; GAE with γ = λ = 1 then gives A_t = R − V(s_t)
+    """critic_values stores V(s_t) per token; GAE with γ = λ = 1 then gives A_t = R − V(s_t)
     in the token strip and A_0 = R − V(s_0) in the table's SQL."""
-    from studio import credit, forks, queries
-    from studio.advantages import Credit
-    from studio.generation import run_sync
+    from studio import queries
+    from studio.queries import credit, forks
+    from studio.runs.credit_models import critic_values
+    from studio.signals.advantages import Credit
+    from studio.workers.sync import run_sync
 
     gid = seeded_store.scalar("SELECT group_id FROM rollouts ORDER BY rollout_id LIMIT 1")
     rids = seeded_store.df("SELECT rollout_id FROM rollouts WHERE group_id = ?", [gid])["rollout_id"].tolist()
-    version = run_sync(credit.critic_values, seeded_store, VALUE_MODEL_DIR, rids)
+    version = run_sync(critic_values, seeded_store, VALUE_MODEL_DIR, rids)
     assert version == "value-" + value_model_version(VALUE_MODEL_DIR)
     assert version not in forks.scored_versions(seeded_store)  # a critic is not a reference policy
     c = Credit("gae", gamma=1.0, lam=1.0, values=version)
@@ -220,19 +223,19 @@ def test_critic_values_feed_gae(seeded_store, prompt_ids):
         np.testing.assert_allclose(tc.values, reward - np.asarray(direct), atol=1e-5)
         assert grp.loc[rid, "advantage"] == pytest.approx(reward - direct[0], abs=1e-5)
     n = seeded_store.scalar("SELECT count(*) FROM token_scores WHERE policy_version = ?", [version])
-    run_sync(credit.critic_values, seeded_store, VALUE_MODEL_DIR, rids)
+    run_sync(critic_values, seeded_store, VALUE_MODEL_DIR, rids)
     assert seeded_store.scalar("SELECT count(*) FROM token_scores WHERE policy_version = ?", [version]) == n
 
 
 def test_process_models_in_the_studio_refuse_bad_folders(seeded_store, tmp_path):
-    from studio import credit
-    from studio.generation import run_sync
+    from studio.runs.credit_models import critic_values, prm_steps
+    from studio.workers.sync import run_sync
 
     rid = seeded_store.scalar("SELECT rollout_id FROM rollouts LIMIT 1")
     with pytest.raises(PolicyLoadError, match="process reward model folder .* does not exist"):
-        run_sync(credit.prm_steps, seeded_store, tmp_path / "nope", [rid])
+        run_sync(prm_steps, seeded_store, tmp_path / "nope", [rid])
     with pytest.raises(PolicyLoadError, match="not a value model"):
-        run_sync(credit.critic_values, seeded_store, PRM_DIR, [rid])
+        run_sync(critic_values, seeded_store, PRM_DIR, [rid])
     # a critic with another tokenizer would value other tokens: refused, nothing stored
     other = tmp_path / "value_other_vocab"
     shutil.copytree(VALUE_MODEL_DIR, other)
@@ -245,6 +248,6 @@ def test_process_models_in_the_studio_refuse_bad_folders(seeded_store, tmp_path)
     from studio.workers import TokenizerMismatch
 
     with pytest.raises(TokenizerMismatch, match="must share the policy's tokenizer"):
-        run_sync(credit.critic_values, seeded_store, other, seeded_store.df(
+        run_sync(critic_values, seeded_store, other, seeded_store.df(
             "SELECT rollout_id FROM rollouts LIMIT 64")["rollout_id"].tolist())
     assert seeded_store.scalar("SELECT count(*) FROM token_scores") == 0

@@ -19,9 +19,16 @@ import jsonschema
 import numpy as np
 import pytest
 
-from backends.remote import (BackendAuthError, BackendTimeout, BackendUnavailable, ExtensionRequired, RemotePolicy,
-                             entropy_bounds, normalize_url)
 from backends.device import pick_device
+from backends.remote import (
+    BackendAuthError,
+    BackendTimeout,
+    BackendUnavailable,
+    ExtensionRequired,
+    RemotePolicy,
+    entropy_bounds,
+    normalize_url,
+)
 from backends.types import PolicyLoadError
 from sample_data import POLICY_DIR, REWARD_MODEL_DIR
 from tests.ui.harness import free_port
@@ -342,9 +349,10 @@ def test_a_plain_server_refuses_branching_naming_the_extension(plain):
 # -- the studio against a URL ----------------------------------------------------------------------
 
 def test_generate_branch_score_and_enrich_with_a_url_policy(server, plain, local, tmp_path):
-    from studio import forks, queries, workers
-    from studio.forks import BranchConfig, NoPolicyError
-    from studio.generation import GenerateConfig, generate_sync
+    from studio import queries, workers
+    from studio.runs.branch import BranchConfig, NoPolicyError, branch_sync
+    from studio.runs.compare import score_with_sync
+    from studio.runs.generation import GenerateConfig, generate_sync
     from studio.store import Store
 
     store = Store.open(tmp_path / "r.duckdb")
@@ -363,9 +371,9 @@ def test_generate_branch_score_and_enrich_with_a_url_policy(server, plain, local
         assert sorted(got) == sorted(g.token_ids.tolist() for g in want)
 
         rid = ros["rollout_id"].iloc[0]
-        br = forks.branch_sync(store, rid, 3, [None], BranchConfig(n=2, seed=5))
+        br = branch_sync(store, rid, 3, [None], BranchConfig(n=2, seed=5))
         assert br.status == "done" and br.rollouts == 2, br.error
-        version = forks.score_with_sync(store, server.url, [rid])
+        version = score_with_sync(store, server.url, [rid])
         assert version.startswith(f"{server.url}#policy@")
 
         # a plain server: entropy marked as estimated in the run; branching it asks for another policy
@@ -376,7 +384,7 @@ def test_generate_branch_score_and_enrich_with_a_url_policy(server, plain, local
         rid2 = store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? LIMIT 1", [res2.run_id])
         n_runs = store.counts()["runs"]
         with pytest.raises(NoPolicyError, match="plain OpenAI-compatible server"):
-            forks.branch_sync(store, rid2, 2, [None], BranchConfig(n=1))
+            branch_sync(store, rid2, 2, [None], BranchConfig(n=1))
         assert store.counts()["runs"] == n_runs  # nothing written
     finally:
         store.close()

@@ -1,9 +1,9 @@
 """Editable reward rules: the library on literal cases, the sandbox's limits, versions and diffs."""
 import pytest
 
-from studio import queries, rewardlib, rules
-from studio.rewards import ARITHMETIC_V1
-from studio.sandbox import Limits, RuleSourceError, check_source, source_sha
+from studio import queries
+from studio.rewards import ARITHMETIC_V1, rewardlib, rules
+from studio.rewards.sandbox import Limits, RuleSourceError, check_source, source_sha
 from studio.tasks import Step, get_task
 
 TASK = get_task("arithmetic")
@@ -299,7 +299,7 @@ def test_new_rollouts_join_the_version_the_views_show(seeded_store):
     """After Generate, the new run is scored with the picked version, or else the most recently
     applied one: a user rule (with a ctx source) is re-run on exactly the new rollouts."""
     from sample_data import POLICY_DIR
-    from studio.generation import GenerateConfig, generate_sync
+    from studio.runs.generation import GenerateConfig, generate_sync
 
     base = ARITHMETIC_V1.version_id
     src = "def reward(prompt, completion, gold, steps, **ctx):\n    return 2.0 * ctx['prev'] + len(completion)\n"
@@ -325,7 +325,7 @@ def test_new_rollouts_join_the_version_the_views_show(seeded_store):
 
 def test_new_rollouts_join_a_reward_model_version(seeded_store):
     from sample_data import POLICY_DIR, REWARD_MODEL_DIR
-    from studio.generation import GenerateConfig, generate_sync
+    from studio.runs.generation import GenerateConfig, generate_sync
 
     rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
     gen = generate_sync(seeded_store, POLICY_DIR, ["Q: 5+5="], GenerateConfig(group_size=3, seed=1))

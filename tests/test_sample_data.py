@@ -41,8 +41,7 @@ def test_sample_reward_model_is_shipped_small_and_disagrees_with_the_rule_someti
     """The shipped reward model loads as a one-logit classifier, stays small, and is a real
     learned reward: better than chance against the rule, but not the rule."""
     from sample_data import REWARD_MODEL_DIR
-    from studio import rules
-    from studio.rewards import ARITHMETIC_V1
+    from studio.rewards import ARITHMETIC_V1, rules
 
     assert (REWARD_MODEL_DIR / "model.safetensors").stat().st_size < 2_000_000
     res = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)

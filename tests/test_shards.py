@@ -15,9 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
-from studio import credit, enrich, queries, shards
-from studio.importers import ColumnMapping, MalformedInput, import_run
-from studio.store import STRAY_SHARD_AGE_S, Store, StoreError
+from studio import queries
+from studio.ingest.importers import ColumnMapping, MalformedInput, import_run
+from studio.queries import credit
+from studio.runs import enrich
+from studio.store import STRAY_SHARD_AGE_S, Store, StoreError, shards
 
 MAPPING = ColumnMapping(prompt="question", completion="answer", step="it", rewards=("correct",),
                         token_texts="toks", logprobs="lp", entropies="ent")

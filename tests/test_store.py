@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from sample_data import ROLLOUTS_DIR
-from studio import queries, schema
-from studio.generation import ingest, start_run
+from studio import queries
 from studio.rewards import ARITHMETIC_V1
-from studio.store import Store, StoreError
+from studio.runs.generation import ingest
+from studio.store import Store, StoreError, schema
+from studio.store.runs import start_run
 from studio.tasks import get_task
 
 
@@ -56,7 +57,7 @@ def test_generation_round_trip(sample_policy, tmp_path):
 
 
 def test_step_index_follows_the_task_spans(sample_policy):
-    from studio.records import step_index
+    from studio.store.records import step_index
 
     task = get_task("arithmetic")
     p = task.parse_prompt("Q: 23+48-7=")
@@ -393,7 +394,7 @@ def test_a_schema_4_store_gains_the_curation_tables_and_keeps_its_preference_row
 def test_new_ids_sort_in_the_order_they_were_made():
     """Rollout ids are made in order, so a lookup of one rollout's tokens among millions
     skips the row groups whose id range cannot hold it (DuckDB zone maps)."""
-    from studio.records import new_id, new_ids
+    from studio.store.records import new_id, new_ids
 
     ids = [new_id("r") for _ in range(50)] + list(new_ids("r", 5000)) + [new_id("r")]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from studio import timeline as tl
+from studio.queries import timeline as tl
+from studio.queries.timeline import Side
 from studio.store import Store
-from studio.timeline import Side
 
 VERSION = "imported@test"
 T0 = datetime(2026, 1, 1)

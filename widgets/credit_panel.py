@@ -10,8 +10,10 @@ import panel as pn
 import param
 
 from sample_data import PRM_DIR, VALUE_MODEL_DIR
-from studio import credit, forks, queries
-from studio.advantages import ESTIMATORS, Credit
+from studio import queries
+from studio.queries import credit, forks, lookups
+from studio.runs.credit_models import critic_values, information_gain, prm_steps
+from studio.signals.advantages import ESTIMATORS, Credit
 from studio.store import StoreError
 
 from .clickable import ClickableHTML
@@ -28,8 +30,7 @@ NONE = "(none)"
 def stored_sources(store) -> dict[str, list[str]]:
     """What the credit controls can pick: reference log-probs, critics, step-reward sources."""
     refs = forks.scored_versions(store)
-    critics = [r[0] for r in store.cursor().execute(
-        "SELECT DISTINCT policy_version FROM token_scores WHERE value IS NOT NULL ORDER BY 1").fetchall()]
+    critics = lookups.critic_versions(store)
     return {"reference": [r for r in refs if r not in critics], "values": critics,
             "steps": credit.step_sources(store) + [credit.IMPLICIT]}
 
@@ -252,8 +253,7 @@ class CreditView(LazyView):
         for b in self._buttons:
             b.disabled = True
         try:
-            rids = self.state.store.df("SELECT rollout_id FROM rollouts WHERE run_id = ?",
-                                       [run_id])["rollout_id"].tolist()
+            rids = lookups.rollouts_of_run(self.state.store, run_id)
             self._status.object = banner("info", start.format(n=f"{len(rids):,}"))
             result = await job(rids)
             self._status.object = banner("info", done(result))
@@ -273,7 +273,7 @@ class CreditView(LazyView):
             return f"stored step rewards {source}; they now show under the tokens (sidebar: 'Step rewards')."
         await self._compute("information gain", f"information gain: teacher-forcing the gold answer after every "
                                                 f"step of {{n}} rollouts with {st.policy_path}…",
-                            lambda rids: credit.information_gain(st.store, st.policy_path, rids, st.segmentation()),
+                            lambda rids: information_gain(st.store, st.policy_path, rids, st.segmentation()),
                             done)
 
     async def _on_prm(self, event=None) -> None:
@@ -283,7 +283,7 @@ class CreditView(LazyView):
             st.param.update(step_source=source, refresh=st.refresh + 1)
             return f"stored step rewards {source}; they now show under the tokens (sidebar: 'Step rewards')."
         await self._compute("process reward model", f"scoring every step of {{n}} rollouts with the PRM in {folder}…",
-                            lambda rids: credit.prm_steps(st.store, folder, rids, st.segmentation()), done)
+                            lambda rids: prm_steps(st.store, folder, rids, st.segmentation()), done)
 
     async def _on_value(self, event=None) -> None:
         st, folder = self.state, self._value_folder.value.strip()
@@ -293,7 +293,7 @@ class CreditView(LazyView):
             return (f"stored per-token values {version}; picked as the critic for GAE (sidebar: 'Advantage "
                     f"estimator' → GAE).")
         await self._compute("critic values", f"valuing every token of {{n}} rollouts with the critic in {folder}…",
-                            lambda rids: credit.critic_values(st.store, folder, rids), done)
+                            lambda rids: critic_values(st.store, folder, rids), done)
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:

@@ -2,13 +2,13 @@
 accepted in TRL's formats.
 
 Three columns. *Build*: a pair rule over a scope of rollouts (the table's filter, a run, or
-everything) under one reward version, stored as pending pairs (``studio.pairs``).
+everything) under one reward version, stored as pending pairs (``studio.curation.pairs``).
 *Review*: the queue, pending first, one pair at a time: the prompt (and, for a step pair,
 the prefix both share), chosen and rejected side by side with their token strips and reward
 components, accept / reject / swap / note / previous / next, with single-key shortcuts and
 a progress bar; a stale pair (a rollout deleted or re-scored since) is flagged. Rollouts
 selected in the table or the group view become a hand-picked pair in two clicks. *Export*:
-format, style and file type, written by ``studio.export.export_bytes`` (provenance in the
+format, style and file type, written by ``studio.curation.export.export_bytes`` (provenance in the
 store and in the file's sidecar) and offered as a download.
 """
 from __future__ import annotations
@@ -20,8 +20,10 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import pairs, queries
-from studio.export import FILETYPES, FORMATS, STYLES, export_download, exports
+from studio import queries
+from studio.curation import pairs
+from studio.curation.export import FILETYPES, FORMATS, STYLES, export_download, exports
+from studio.queries import lookups
 
 from .lazy import LazyView
 from .state import StudioState, run_choices
@@ -228,8 +230,7 @@ class CurationPanel(LazyView):
         self._scope.options = scopes
         if self._scope.value not in scopes.values():
             self._scope.value = "all"
-        vs = store.df("SELECT rule_version_id FROM rule_versions ORDER BY created_at DESC, rule_version_id")
-        opts = {"default (the task's rule)": ""} | {v: v for v in vs["rule_version_id"]}
+        opts = {"default (the task's rule)": ""} | {v: v for v in lookups.rule_version_ids(store)}
         self._version.options = opts
         if self._version.value not in opts.values():
             self._version.value = ""

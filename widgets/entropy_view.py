@@ -5,7 +5,7 @@ the fork threshold and the share of tokens at or above it, mean entropy by posit
 reasoning step, and forks per rollout for correct versus incorrect completions.
 
 The comparison teacher-forces the shown rollouts through a second policy (in the worker,
-``studio.forks.score_with``) and lists the tokens whose entropy changed most: with an
+``studio.queries.forks.score_with``) and lists the tokens whose entropy changed most: with an
 earlier checkpoint as the second policy, that is where training moved the model.
 """
 from __future__ import annotations
@@ -18,7 +18,9 @@ import panel as pn
 import param
 
 from sample_data import EARLY_POLICY_DIR
-from studio import forks, queries
+from studio import queries
+from studio.queries import forks, lookups
+from studio.runs.compare import score_with
 from studio.store import StoreError
 
 from .clickable import ClickableHTML
@@ -60,7 +62,7 @@ def _opts(**kw) -> dict:
 
 
 def landscape_plots(ls: forks.Landscape):
-    """Four HoloViews plots of a :class:`studio.forks.Landscape`."""
+    """Four HoloViews plots of a :class:`studio.queries.forks.Landscape`."""
     hv = _hv()
     thr = ls.threshold.value
     hist = hv.Histogram((ls.hist_edges, np.where(ls.hist_counts > 0, ls.hist_counts, np.nan)), kdims=["entropy (nats)"], vdims=["tokens"]).opts(
@@ -212,11 +214,10 @@ class PolicyCompare(LazyView):
         if self.scope == "selected group":
             if not st.group_id:
                 return []
-            return st.store.df("SELECT rollout_id FROM rollouts WHERE group_id = ?", [st.group_id])["rollout_id"].tolist()
+            return lookups.rollouts_of_group(st.store, st.group_id)
         if not st.rollout_id:
             return []
-        return st.store.df("SELECT rollout_id FROM rollouts WHERE run_id = (SELECT run_id FROM rollouts "
-                           "WHERE rollout_id = ?)", [st.rollout_id])["rollout_id"].tolist()
+        return lookups.rollouts_of_same_run(st.store, st.rollout_id)
 
     async def _on_score(self, event) -> None:
         if not self._can_run:
@@ -229,7 +230,7 @@ class PolicyCompare(LazyView):
         self._go.disabled = True
         self._status.object = banner("info", f"scoring {len(ids)} rollouts with {folder.name}…")
         try:
-            self._version = await forks.score_with(self.state.store, folder, ids)
+            self._version = await score_with(self.state.store, folder, ids)
         except Exception as exc:  # missing folder, unloadable model, dead worker: say which
             self._status.object = banner("error", f"could not score with {folder}: {exc}")
             return

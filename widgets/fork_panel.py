@@ -18,10 +18,12 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import forks, queries, rules, workers
-from studio.forks import BRANCH_BOUNDS, BranchConfig, BranchError, NoPolicyError
+from studio import queries, workers
+from studio.queries import forks, lookups
+from studio.rewards import rules
+from studio.runs.branch import BRANCH_BOUNDS, BranchConfig, BranchError, NoPolicyError, branch
 from studio.store import StoreError
-from studio.vocab import decode_ids, policy_label
+from studio.workers.vocab import decode_ids, policy_label
 
 from .clickable import ClickableHTML
 from .state import StudioState
@@ -138,14 +140,7 @@ def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[for
 
 def _prefix_chars(store, fork_list: list[forks.Fork]) -> dict[tuple[str, int], int]:
     """Characters of each fork's parent before the fork (to grey out the shared prefix)."""
-    keys = [(f.parent_rollout_id, f.pos) for f in fork_list]
-    df = store.df("""SELECT rollout_id, pos, token_text FROM tokens WHERE list_contains(?, rollout_id)""",
-                  [sorted({k[0] for k in keys})])
-    out = {}
-    for rid, pos in keys:
-        part = df[(df["rollout_id"] == rid) & (df["pos"] < pos)]
-        out[(rid, pos)] = int(part["token_text"].str.len().sum())
-    return out
+    return lookups.prefix_chars(store, [(f.parent_rollout_id, f.pos) for f in fork_list])
 
 
 class ForkPanel(pn.viewable.Viewer):
@@ -221,9 +216,7 @@ class ForkPanel(pn.viewable.Viewer):
             return
         try:
             ro = queries.rollout(st.store, st.rollout_id)
-            tok = st.store.df("SELECT pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs "
-                              f"FROM {st.store.tokens_between(st.rollout_id, st.rollout_id)} "
-                              "WHERE rollout_id = ? AND pos = ?", [st.rollout_id, st.fork_pos])
+            tok = lookups.token_at(st.store, st.rollout_id, st.fork_pos)
         except StoreError as exc:
             self._head.object = banner("error", str(exc))
             return
@@ -281,7 +274,7 @@ class ForkPanel(pn.viewable.Viewer):
         self._status.object = banner("info", f"branching: {len(chosen)} choice(s) × {self.n} = {total} completions…")
         parent = st.rollout_id
         try:
-            res = await forks.branch(st.store, parent, st.fork_pos, chosen,
+            res = await branch(st.store, parent, st.fork_pos, chosen,
                                      BranchConfig(n=int(self.n), temperature=float(self.temperature)),
                                      policy_path=self._attach, cancel=cancel)
         except NoPolicyError as exc:

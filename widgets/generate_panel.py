@@ -18,12 +18,13 @@ from pathlib import Path
 import panel as pn
 import param
 
-from backends import PolicyLoadError, is_policy_url
-from studio import queries, rules
-from studio.generation import BOUNDS, ConfigError, GenerateConfig, generate
+from studio import queries
+from studio.rewards import rules
+from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate
 from studio.store import StoreError
 from studio.tasks import TaskParseError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
+from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
 
 from .state import StudioState
 from .style import CSS, banner, esc
@@ -119,10 +120,8 @@ class BackendStatus(pn.viewable.Viewer):
         self._retry.disabled = True
 
         def ask():
-            from backends.remote import remote_info
-
             try:
-                return remote_info(policy), None
+                return backend_info(policy), None
             except PolicyLoadError as exc:  # a RemoteError (down, slow, refused) or a malformed URL
                 return None, str(exc)
 

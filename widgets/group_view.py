@@ -12,8 +12,9 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import credit, queries
-from studio.advantages import EQUAL_TOL, ESTIMATORS
+from studio import queries
+from studio.queries import credit
+from studio.signals.advantages import EQUAL_TOL, ESTIMATORS
 from studio.store import StoreError
 
 from .clickable import MarkedHTML

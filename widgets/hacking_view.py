@@ -6,13 +6,13 @@ import numpy as np
 import panel as pn
 import param
 
-from studio import rules
+from studio.rewards import rules
 from studio.store import StoreError
 
 from .clickable import ClickableHTML
 from .entropy_view import _hv, _opts
-from .rule_panel import DIFF_CSS
 from .lazy import LazyView
+from .rule_panel import DIFF_CSS
 from .state import StudioState
 from .style import CSS, banner, esc
 

@@ -3,13 +3,13 @@ while it trains, and fill in the token statistics its framework did not log.
 
 Import: a path on the server (a run's folder or its files) or files picked in the browser
 (uploaded into ``<store folder>/uploads``); the format is detected or picked; a generic
-file takes a column mapping generated from ``studio.importers.ColumnMapping``. Malformed
+file takes a column mapping generated from ``studio.ingest.importers.ColumnMapping``. Malformed
 lines abort the import (nothing written) or are skipped, and each is listed with its file
 and line. "Keep watching" leaves a tailer polling the folder: new shards and appended
 lines become rollouts of the same run, and every open page refreshes when they land.
 
 Enrich: teacher-force a policy over a run's rollouts that lack token ids, log-probs or
-entropy (``studio.enrich``), in the worker pool, with progress and cancel.
+entropy (``studio.runs.enrich``), in the worker pool, with progress and cancel.
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from pathlib import Path
 import panel as pn
 import param
 
-from backends import PolicyLoadError
-from studio import enrich, importers
-from studio.tail import Tailer
+from studio.ingest import importers
+from studio.ingest.tail import Tailer
+from studio.runs import enrich
 from studio.store import StoreError
+from studio.workers.vocab import PolicyLoadError
 
 from .minirun_panel import known_policies
 from .state import StudioState

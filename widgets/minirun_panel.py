@@ -2,7 +2,7 @@
 resume, a progress bar with ETA, live curves of several runs overlaid (a click on a curve
 opens that step's rollouts), and two policies evaluated side by side on held-out prompts.
 
-Every browser session polls the process-wide run registry (``studio.minirun``) once a
+Every browser session polls the process-wide run registry (``studio.runs.minirun``) once a
 second, so two tabs watching one run both update; the store is written by the run's
 reader thread, never by a view.
 """
@@ -16,9 +16,10 @@ import panel as pn
 import param
 
 from sample_data import EARLY_POLICY_DIR, POLICY_DIR
-from studio import minirun
-from studio.minirun import CURVES
-from studio.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
+from studio.queries import lookups
+from studio.runs import minirun
+from studio.runs.minirun import CURVES
+from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
 
 from .entropy_view import _hv, _opts
 from .lazy import LazyView
@@ -197,15 +198,13 @@ class MiniRunPanel(LazyView):
             self._eval_a.value = str(POLICY_DIR)
         if self._eval_b.value not in pols.values() or self._eval_b.value == self._eval_a.value:
             self._eval_b.value = list(pols.values())[-1] if len(pols) > 2 else str(EARLY_POLICY_DIR)
-        runs = st.store.df("SELECT run_id, name FROM runs WHERE kind <> 'minirun' ORDER BY created_at")
+        runs = lookups.source_runs(st.store)
         sets = {s: s for s in PROMPT_SETS} | {f"prompts of {r.name}": f"run:{r.run_id}" for r in runs.itertuples()}
         self._inputs["prompt_set"].options = sets
         if self._inputs["prompt_set"].value not in sets.values():
             self._inputs["prompt_set"].value = "medium"
-        vs = st.store.df("""SELECT rule_version_id AS v, coalesce(starts_with(source, '# reward model'), false) AS rm FROM rule_versions
-                            ORDER BY created_at DESC, rule_version_id""")
         opts = {"the task's built-in rule": ""} | {(f"reward model · {v}" if rm else v): v
-                                                    for v, rm in zip(vs["v"], vs["rm"])}
+                                                    for v, rm in lookups.rule_versions_by_kind(st.store)}
         self._inputs["rule_version"].options = opts
         if self._inputs["rule_version"].value not in opts.values():
             self._inputs["rule_version"].value = ""
@@ -291,8 +290,7 @@ class MiniRunPanel(LazyView):
         if not run_id:
             return
         self.state.param.update(jump_run=run_id, train_step=int(step))
-        rid = self.state.store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? AND train_step = ? "
-                                      "ORDER BY group_id, sample_idx LIMIT 1", [run_id, int(step)])
+        rid = lookups.first_rollout_at_step(self.state.store, run_id, int(step))
         if rid:
             self.state.open_rollout(rid)
 
@@ -323,8 +321,7 @@ class MiniRunPanel(LazyView):
         self._stop.disabled = not (self._can_run and st is not None and st.live)
         row = None
         if rid:
-            df = self.state.store.df("SELECT status, error, config FROM runs WHERE run_id = ?", [rid])
-            row = df.iloc[0] if len(df) else None
+            row = lookups.run_state(self.state.store, rid)
         if row is None:
             self._status.object = '<div class="empty">No mini-runs yet: set the form on the left and start one.</div>'
             self._progress.value = 0
@@ -332,8 +329,7 @@ class MiniRunPanel(LazyView):
             return
         import json
         total = json.loads(row["config"]).get("steps", 0)
-        done = int(self.state.store.scalar("SELECT coalesce(max(train_step), 0) FROM metrics WHERE run_id = ? "
-                                           "AND name = 'step_s'", [rid]))
+        done = lookups.steps_done(self.state.store, rid)
         status = st.status if st is not None else row["status"]
         self._resume.disabled = not (self._can_run and status in ("failed", "stopped", "interrupted")
                                      and (st is None or not st.live))

@@ -15,16 +15,15 @@ import numpy as np
 import panel as pn
 import param
 
-from studio import rules
-from studio.sandbox import RuleSourceError, check_source
+from sample_data import REWARD_MODEL_DIR  # noqa: E402
+from studio.rewards import rules
+from studio.rewards.sandbox import RuleSourceError, check_source
 from studio.store import StoreError
 
 from .clickable import ClickableHTML
 from .lazy import LazyView
 from .state import StudioState
 from .style import CSS, banner, esc
-
-from sample_data import REWARD_MODEL_DIR  # noqa: E402
 
 NO_RM = "none"
 

@@ -1,6 +1,6 @@
 """SQL console: read-only SQL over the store, results as a table.
 
-For the questions the views do not anticipate. ``studio.console`` checks every query
+For the questions the views do not anticipate. ``studio.queries.console`` checks every query
 against DuckDB's parse tree first (one SELECT over the store's tables, nothing that reaches
 files or the environment), runs it under the store's time limit off the server's event
 loop, and returns at most 1,000 rows. A refused or failing query says why in place.
@@ -15,8 +15,8 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import console, schema
-from studio.store import QueryTimeout
+from studio.queries import console
+from studio.store import QueryTimeout, schema
 
 from .state import StudioState
 from .style import CSS, banner, esc

@@ -20,15 +20,14 @@ from typing import Any
 import panel as pn
 import param
 
-from studio.advantages import ESTIMATORS, Credit
-from studio.credit import AGGREGATES, SEGMENTERS, Segmenter
-from studio.forks import DEFAULT_Q, SCOPES, ForkRule
 from studio import queries
-from studio.queries import RolloutFilter
+from studio.queries import RolloutFilter, lookups
+from studio.signals.advantages import ESTIMATORS, Credit
+from studio.signals.forks import DEFAULT_Q, SCOPES, ForkRule
+from studio.signals.steps import AGGREGATES, SEGMENTERS, Segmenter
 from studio.store import Store
 from widgets import page_gc
 from widgets.style import CHANNELS
-
 
 # The threads every session's selections read on. Four: a click's reads spend most of their time in
 # DuckDB, without the GIL, so with two, twenty pages' clicks queued for a thread while a core sat idle
@@ -64,7 +63,7 @@ class StudioState(param.Parameterized):
                              doc="The groups of the rows on the table's page (the group view's picker offers them).")
 
     estimator = param.Selector(default="grpo", objects=list(ESTIMATORS),
-                               doc="Advantage estimator every view shows (studio.advantages.ESTIMATORS).")
+                               doc="Advantage estimator every view shows (studio.signals.advantages.ESTIMATORS).")
     kl_beta = param.Number(default=0.05, bounds=(0.0, 10.0), step=0.01, doc="β of the KL penalty and implicit PRM.")
     reference = param.String(default="", doc="Reference policy version (stored teacher-forced log-probs).")
     gae_gamma = param.Number(default=1.0, bounds=(0.0, 1.0), step=0.01, doc="GAE discount γ.")
@@ -159,7 +158,7 @@ class StudioState(param.Parameterized):
     def open_rollout(self, rollout_id: str, pos: int | None = None) -> bool:
         """Show ``rollout_id`` in the token strip and its group in the group view (and pick
         token ``pos`` when given). False when the rollout is not in the store."""
-        gid = self.store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id])
+        gid = lookups.group_of(self.store, rollout_id)
         if gid is None:
             return False
         self.param.update(rollout_id=rollout_id, group_id=gid)

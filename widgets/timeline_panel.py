@@ -5,7 +5,7 @@ Timeline: a run with 2+ training steps, one of its prompts (searchable; it follo
 rollout selected anywhere in the studio), its reward (mean, min–max band), accuracy, token
 entropy and length over the steps, and one step's completions (a click opens one in the
 token strip). Run diff: side A and side B (a run, or one step of it) on the prompts both
-have: paired statistics (``studio.timeline.run_diff``), reward A against B per prompt, and
+have: paired statistics (``studio.queries.timeline.run_diff``), reward A against B per prompt, and
 the prompts that moved most (a click shows that prompt's timeline).
 
 Queries run in a worker thread (DuckDB releases the GIL), so a diff over a million rollouts
@@ -21,9 +21,9 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import timeline as tl
+from studio.queries import timeline as tl
+from studio.queries.timeline import Side
 from studio.store import StoreError
-from studio.timeline import Side
 
 from .clickable import ClickableHTML
 from .entropy_view import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, _hv, _opts

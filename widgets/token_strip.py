@@ -16,11 +16,14 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import credit, forks, queries
-from studio.advantages import ESTIMATORS
+from studio import queries
+from studio.queries import credit, forks
+from studio.signals.advantages import ESTIMATORS
+from studio.signals.forks import Threshold, fork_mask
+from studio.signals.steps import aggregate, gated
 from studio.store import StoreError
 from studio.tasks import get_task
-from studio.vocab import decode_ids
+from studio.workers.vocab import decode_ids
 
 from .clickable import ClickableHTML
 from .state import StudioState
@@ -105,11 +108,11 @@ def _missing(x) -> bool:
 
 
 def _fork_mask(entropy: list, threshold: float | None) -> list[bool]:
-    """:func:`forks.fork_mask` of an entropy column as a list (a missing entropy is never a fork)."""
+    """:func:`fork_mask` of an entropy column as a list (a missing entropy is never a fork)."""
     if threshold is None or not entropy:
         return [False] * len(entropy)
     e = np.array([-1.0 if _missing(x) else x for x in entropy], dtype=np.float64)
-    return forks.fork_mask(e, threshold).tolist()
+    return fork_mask(e, threshold).tolist()
 
 
 def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
@@ -263,7 +266,7 @@ class TokenStrip(pn.viewable.Viewer):
         self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
                                     css_classes=["token-strip"])
         self._strip.on_click(self._on_click)
-        self._thresholds: dict[tuple, forks.Threshold] = {}
+        self._thresholds: dict[tuple, Threshold] = {}
         self._layout = pn.Column(self._header, self._legend, self._strip, sizing_mode="stretch_width")
         self.state.add_preloader(self._preload)
         self._render()
@@ -315,7 +318,7 @@ class TokenStrip(pn.viewable.Viewer):
         return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
                 s.table_filter if rule.scope == "filter" else None, s.refresh)
 
-    def threshold(self, ro: dict, s: "_Shown") -> forks.Threshold:
+    def threshold(self, ro: dict, s: "_Shown") -> Threshold:
         """The fork threshold for this rollout's scope (cached per scope, rule and refresh)."""
         key = self._threshold_key(ro, s)
         if key not in self._thresholds:
@@ -354,11 +357,11 @@ class TokenStrip(pn.viewable.Viewer):
                 sv = dict(zip(sr["step_idx"].astype(int), sr["value"]))
                 sa = credit.group_step_advantages(s.store, s.rollout_id, s.step_source, s.segmentation(),
                                                   s.reference or None, float(s.kl_beta))
-                agg = credit.aggregate(sr["value"].to_numpy(), s.step_agg)
-                gated = credit.gated(float(ro["reward"]), sr["value"].to_numpy(), float(s.gate_tau)) \
+                agg = aggregate(sr["value"].to_numpy(), s.step_agg)
+                gated_r = gated(float(ro["reward"]), sr["value"].to_numpy(), float(s.gate_tau)) \
                     if ro.get("reward") is not None and not pd.isna(ro["reward"]) else None
                 step_line = (f'<span>steps <b>{len(sr)}</b> · {esc(s.step_agg)} <b>{num(agg, "+.3f")}</b>'
-                             + (f' · gated R (τ={s.gate_tau:g}) <b>{num(gated, "+.3f")}</b>' if gated is not None else "")
+                             + (f' · gated R (τ={s.gate_tau:g}) <b>{num(gated_r, "+.3f")}</b>' if gated_r is not None else "")
                              + "</span>")
             else:
                 step_line = f'<span class="lg-help">no step rewards from {esc(s.step_source)} for this rollout</span>'
@@ -377,7 +380,7 @@ class TokenStrip(pn.viewable.Viewer):
         alts = [[names.get(int(i), f"#{i}") for i in listed(ids)] for ids in toks["topk_ids"]]
         comps = " ".join(f"<span>{esc(k)} <b>{v:.2f}</b></span>" for k, v in ro["components"].items() if k != "total")
         verdict = '<b class="ok">✓ correct</b>' if ro.get("accuracy") and ro["accuracy"] >= 1 else '<b class="bad">✗ incorrect</b>'
-        n_forks = int(forks.fork_mask(toks["entropy"].fillna(-1).to_numpy(), thr.value).sum()) if thr.value is not None else 0
+        n_forks = int(fork_mask(toks["entropy"].fillna(-1).to_numpy(), thr.value).sum()) if thr.value is not None else 0
         branch = ""
         if ro.get("parent_rollout_id") and not pd.isna(ro.get("fork_pos")):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
@@ -397,7 +400,7 @@ class TokenStrip(pn.viewable.Viewer):
         return self._layout
 
 
-def fork_key_html(thr: forks.Threshold) -> str:
+def fork_key_html(thr: Threshold) -> str:
     """The legend line that says what the fork marker means and where the threshold sits."""
     if thr.value is None:
         return '<div class="legend"><span class="lg-help">no token entropies in this scope: no forks marked</span></div>'

@@ -1,6 +1,15 @@
 """Tasks: prompt generators with gold answers and completion parsers."""
-from .base import (ParsedCompletion, Prompt, Step, Task, TaskParseError, UnknownTaskError, get_task,
-                   register_task, task_names)
 from . import arithmetic  # noqa: F401  (registers the sample task)
+from .base import (
+                   ParsedCompletion,
+                   Prompt,
+                   Step,
+                   Task,
+                   TaskParseError,
+                   UnknownTaskError,
+                   get_task,
+                   register_task,
+                   task_names,
+)
 
 __all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "get_task", "register_task", "task_names"]

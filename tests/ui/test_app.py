@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
+from studio.store.runs import start_run
+
 from .conftest import Server, studio_page
 
 pytestmark = pytest.mark.ui
@@ -280,12 +282,12 @@ NASTY = ["<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned
 @pytest.fixture(scope="module")
 def hostile_server(tmp_path_factory):
     """A store holding completions that try to inject HTML/JS."""
+    from backends import Generation
     from sample_data import ROLLOUTS_DIR
-    from studio.generation import ingest, start_run
     from studio.rewards import ARITHMETIC_V1
+    from studio.runs.generation import ingest
     from studio.store import Store
     from studio.tasks import get_task
-    from backends import Generation
 
     db = tmp_path_factory.mktemp("xss") / "xss.duckdb"
     store = Store.open(db, seed_dir=ROLLOUTS_DIR)

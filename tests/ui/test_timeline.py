@@ -1,6 +1,6 @@
 """Timeline and run diff in real Chromium, on a store holding an imported multi-step run:
 pick the run and a prompt, see the curves and a step's completions, open one in the token
-strip; set the diff's sides and read the same numbers ``studio.timeline.run_diff`` gives;
+strip; set the diff's sides and read the same numbers ``studio.queries.timeline.run_diff`` gives;
 a mover opens its prompt's timeline; a row selected in the table moves the timeline to it."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from sample_data import ROLLOUTS_DIR
-from studio import timeline as tl
-from studio.records import new_ids
+from studio.queries import timeline as tl
+from studio.queries.timeline import Side
 from studio.store import Store
-from studio.timeline import Side
+from studio.store.records import new_ids
 from widgets.timeline_panel import N_MOVERS, WHOLE_RUN, fmt_num, fmt_p
 
 from .conftest import Server, studio_page

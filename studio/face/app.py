@@ -1,0 +1,355 @@
+"""The served studio: composition only (the one module of ``studio`` that imports Panel).
+
+``create_app`` builds one browser session's page. The store is opened once per server
+process and shared by every session (one owner of the DuckDB file).
+"""
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import panel as pn
+
+from sample_data import POLICY_DIR, ROLLOUTS_DIR
+from studio.store import Store, StoreError, default_db_path
+
+TITLE = "Rollout Studio"
+
+
+def open_shared_store(db_path: str | Path) -> Store:
+    """The process-wide store for ``db_path`` (created and seeded on first use)."""
+    key = f"rollout-studio-store:{Path(db_path).expanduser().resolve()}"
+    return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=ROLLOUTS_DIR))
+
+
+class StudioTemplate(pn.template.BootstrapTemplate):
+    """Panel's Bootstrap template, put on a page with Bokeh's model graph frozen: the graph is
+    walked once for the whole page instead of once per root added (a third of a page's build).
+
+    Once a served page is built, its HTML panes get their full stylesheets in one walk
+    (``widgets.panel_updates.prime_stylesheets``) and its objects are frozen out of the cyclic
+    garbage collector (``widgets.page_gc``).
+
+    Without Panel's busy indicator: it is one process-wide flag that every callback of every
+    session sets on every open page's spinner, so with twenty pages a click costs forty model
+    updates in nineteen other pages (and each page's spinner turned with everyone's clicks).
+    """
+
+    def __init__(self, **params):
+        params.setdefault("busy_indicator", None)
+        super().__init__(**params)
+
+    def _init_doc(self, doc=None, comm=None, title=None, notebook=False, location=True):
+        if doc is None:
+            return super()._init_doc(doc, comm, title, notebook, location)
+        with doc.models.freeze():
+            built = super()._init_doc(doc, comm, title, notebook, location)
+        from widgets import page_gc, panel_updates
+
+        if doc.session_context is not None:  # a served page, once built: see the two modules
+            doc.add_next_tick_callback(
+                lambda: panel_updates.prime_stylesheets([*self.header, *self.sidebar, *self.main, *self.modal], doc))
+            page_gc.track(doc)
+        return built
+
+
+def describe_policy(path: str | Path) -> str:
+    """One line naming the policy folder, its architecture and where it will run."""
+    from backends import is_policy_url
+
+    if is_policy_url(path):  # its health and device are in the Generate card's backend line
+        return f"remote backend {path}"
+    p = Path(path)
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+        arch = cfg.get("model_type", "?")
+    except (OSError, ValueError):
+        return f"{p} (not a model folder: Generate will say why)"
+    name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
+    # The worker picks the device (CUDA when present); importing torch here just for the
+    # label would cost the server seconds at start-up.
+    device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "CUDA if present, else CPU"
+    return f"{name} · {arch} · local worker on {device}"
+
+
+def refusal_page(message: str) -> StudioTemplate:
+    """A page that only explains why the studio will not serve here."""
+    from widgets.style import CSS, banner
+
+    template = StudioTemplate(title=TITLE, header_background="#1f2937")
+    template.main.append(pn.pane.HTML(banner("error", message), stylesheets=[CSS], sizing_mode="stretch_width"))
+    return template
+
+
+def may_run_code(admins: frozenset[str] | None) -> bool:
+    """Whether this session's user may start code-running work (Generate, later rules and
+    mini-runs): everyone when no admins are configured, else only the named users."""
+    return admins is None or (pn.state.user or "") in admins
+
+
+def create_app(db_path: str | Path | None = None, policy_path: str | Path | None = None,
+               store: Store | None = None, admins: frozenset[str] | None = None) -> StudioTemplate:
+    """Build the studio page for one session.
+
+    With ``admins`` set, users outside it browse only: the Generate panel is not built for
+    their session at all, so no callback exists that could run code on their behalf.
+    """
+    from widgets import panel_updates
+    from widgets.credit_panel import CreditView, credit_controls
+    from widgets.curation_panel import CurationPanel
+    from widgets.entropy_view import EntropyLandscape, PolicyCompare
+    from widgets.fork_panel import ForkPanel
+    from widgets.generate_panel import GeneratePanel
+    from widgets.group_view import GroupView
+    from widgets.hacking_view import HackingView
+    from widgets.import_panel import ImportPanel
+    from widgets.minirun_panel import MiniRunPanel, known_policies
+    from widgets.rollout_table import RolloutTable
+    from widgets.rule_panel import RulePanel, version_picker
+    from widgets.sql_console import SQLConsole
+    from widgets.state import StudioState
+    from widgets.style import CSS, banner, esc
+    from widgets.timeline_panel import TimelinePanel
+    from widgets.token_strip import TokenStrip
+
+    pn.extension("tabulator", "codeeditor", design="bootstrap", notifications=False)
+    panel_updates.install()  # updates skip Panel's design lookup unless stylesheets change
+    db_path = db_path or default_db_path()
+    policy_path = policy_path or POLICY_DIR  # a folder, or a backend URL (a str: Path would mangle "//")
+    # Bootstrap rather than Fast: Fast's design fetches a web font, and the studio must
+    # render with no network.
+    template = StudioTemplate(
+        title=TITLE, header_background="#1f2937", sidebar_width=340,
+    )
+    try:
+        store = store or open_shared_store(db_path)
+    except StoreError as exc:
+        template.main.append(pn.pane.HTML(banner("error", str(exc)), stylesheets=[CSS], sizing_mode="stretch_width"))
+        return template
+
+    state = StudioState(store=store, policy_path=str(policy_path))
+    table = RolloutTable(state=state)
+    strip = TokenStrip(state=state)
+    runs_code = may_run_code(admins)
+    fork = ForkPanel(state=state, can_run=runs_code)
+    if runs_code:
+        run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
+                           css_classes=["generate-card"], header_background="#eef2ff")
+    else:
+        run_code = pn.pane.HTML(
+            banner("info", f"Signed in as {pn.state.user}: browsing only. Generate and other code-running "
+                           f"actions are for {', '.join(sorted(admins))}."),
+            stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["browse-only"])
+
+    def section(title: str) -> pn.pane.HTML:
+        return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
+                            f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
+
+    counts = state.fresh_read(("counts",), store.counts)
+    policies = state.fresh_read(("policies",), lambda: known_policies(store))
+
+    def info_html(refresh: int, policy: str) -> str:  # re-drawn whenever new rollouts are stored
+        n = counts()["rollouts"]
+        return (f'<div class="meta-line" style="flex-direction:column;gap:2px">'
+                f'<span>store <b>{esc(Path(store.path).name)}</b> · {n:,} rollouts</span>'
+                f'<span>policy <b>{esc(describe_policy(policy))}</b></span></div>')
+
+    info = pn.pane.HTML(pn.bind(info_html, state.param.refresh, state.param.policy_path), stylesheets=[CSS],
+                        sizing_mode="stretch_width", margin=(0, 10), css_classes=["store-info"])
+    # the session's policy (Generate, Branch): the bundled ones and every mini-run checkpoint
+    policy_pick = pn.widgets.Select(name="Policy for Generate and Branch", sizing_mode="stretch_width",
+                                    css_classes=["policy-picker"])
+
+    def sync_policies(*_):
+        opts = dict(policies())
+        if str(state.policy_path) not in opts.values():
+            opts[describe_policy(state.policy_path)] = str(state.policy_path)
+        policy_pick.options = opts
+        policy_pick.value = str(state.policy_path)
+
+    sync_policies()
+    state.param.watch(sync_policies, ["refresh"])
+    policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
+    channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
+                                                     color="light", sizing_mode="stretch_width",
+                                                     css_classes=["channel-picker"])
+    fork_controls = pn.Column(
+        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", color="light",
+                                               sizing_mode="stretch_width", css_classes=["fork-mode"]),
+        pn.widgets.FloatSlider.from_param(state.param.fork_q, name="Top share q (TRL top_entropy_quantile)",
+                                          sizing_mode="stretch_width", css_classes=["fork-q"]),
+        pn.widgets.FloatInput.from_param(state.param.fork_abs, name="Absolute threshold (nats)",
+                                         sizing_mode="stretch_width", css_classes=["fork-abs"]),
+        pn.widgets.Select.from_param(state.param.fork_scope, name="Quantile over the tokens of",
+                                     sizing_mode="stretch_width", css_classes=["fork-scope"]),
+        sizing_mode="stretch_width")
+    template.sidebar.extend([
+        info, policy_pick,
+        section("Colour tokens by"), channel,
+        section("Reward rule"), version_picker(state),
+        section("Advantages and steps"), credit_controls(state),
+        section("Forks (high-entropy tokens)"), fork_controls,
+        pn.layout.Divider(),
+        section("Filter rollouts"), table.controls,
+        pn.layout.Divider(),
+        run_code,
+    ])
+    # The lower tabs: each view is built when its tab is first opened (a page costs the first
+    # tab, not eleven), then kept; a view with ``shown`` draws only while its tab is open.
+    # (Not Panel's dynamic tabs: those re-create a tab's models on every switch.)
+    def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
+        view(MINIRUNS).use_rule(version)
+        tabs.active = MINIRUNS
+
+    def rules_view() -> RulePanel:
+        panel = RulePanel(state=state, can_run=runs_code, shown=False)
+        panel.on_retrain = retrain
+        return panel
+
+    # views with ``shown`` are made hidden; ``view`` draws one as its tab first opens, ``on_tab`` hides
+    # the others (a hidden view waits, stale, until it is shown again)
+    specs = [("Group view", lambda: GroupView(state=state)),
+             ("Entropy landscape", lambda: EntropyLandscape(state=state, shown=False)),
+             ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code, shown=False)),
+             ("Reward rules", rules_view),
+             ("Reward hacking", lambda: HackingView(state=state, shown=False)),
+             ("Advantages & steps", lambda: CreditView(state=state, can_run=runs_code, shown=False)),
+             ("Mini-runs", lambda: MiniRunPanel(state=state, can_run=runs_code, shown=False)),
+             ("Preference data", lambda: CurationPanel(state=state, shown=False)),
+             ("Timeline & diff", lambda: TimelinePanel(state=state, shown=False)),
+             ("Import & enrich", lambda: ImportPanel(state=state, can_run=runs_code)),
+             ("SQL", lambda: SQLConsole(state=state))]
+    MINIRUNS, IMPORT = 6, 9
+    built: dict[int, pn.viewable.Viewable] = {0: specs[0][1]()}
+    tabs = pn.Tabs(*[(title, built[i] if i in built else pn.Column(sizing_mode="stretch_width", min_height=200))
+                     for i, (title, _) in enumerate(specs)],
+                   sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
+
+    def view(i: int):
+        """Tab ``i``'s view, built, drawn and put in its tab on first use."""
+        if i not in built:
+            v = specs[i][1]()
+            if "shown" in v.param:
+                # drawn before its models exist, so they are made with what it shows: a change sent
+                # right behind them would reach widgets the browser has not built yet (BokehJS
+                # builds views asynchronously) and fail there
+                v.shown = True
+            with pn.io.hold(freeze=True):  # its models reach the page in one message
+                built[i] = v
+                tabs[i] = (specs[i][0], v)
+        return built[i]
+
+    def on_tab(event) -> None:
+        view(event.new)
+        for i, v in built.items():
+            if "shown" in v.param:
+                v.shown = i == event.new
+        if event.new == IMPORT:
+            built[IMPORT].fill()
+
+    tabs.param.watch(on_tab, "active")
+
+    async def tail_refresh() -> None:  # a watched folder grew: every view reloads, its reads on the preload thread
+        await state.stored()
+        if tabs.active == IMPORT:
+            built[IMPORT].fill()
+
+    follow_tails(store, tail_refresh)
+    card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
+    save_html = html_downloads(state)
+    template.main.extend([
+        pn.Row(
+            pn.Card(table, title="Rollouts", **card, styles={"flex": "1 1 55%"}),
+            pn.Column(
+                pn.Card(strip, save_html, title="Token strip", **card, min_height=260),
+                pn.Card(fork, title="Fork & branch", **card),
+                styles={"flex": "1 1 45%"}, sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        ),
+        tabs,
+    ])
+    template.header.append(pn.pane.HTML(
+        '<span style="color:#cbd5e1;font-size:13px">per-token logprobs, entropy and advantages of every '
+        "stored rollout</span>", margin=(14, 10)))
+    return template
+
+
+@dataclass
+class _Page:
+    doc: weakref.ref
+    store: Store
+    seen: int
+    refresh: Callable[[], Awaitable[None]]
+
+
+_PAGES: dict[int, _Page] = {}  # the served pages of this process, by id(document)
+
+
+def follow_tails(store: Store, refresh: Callable[[], Awaitable[None]]) -> None:
+    """Run ``refresh`` in this served page whenever the store's folder tailers add rollouts.
+
+    One check every 2 s for the whole server (:func:`_poll_tails`), not a periodic callback per
+    page: twenty open pages would otherwise wake the server ten times a second to find nothing.
+    """
+    from widgets.import_panel import tail_rows
+
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:  # not a served page (a notebook, a test)
+        return
+    key = id(doc)
+    _PAGES[key] = _Page(weakref.ref(doc), store, tail_rows(store), refresh)
+    doc.on_session_destroyed(lambda _ctx: _PAGES.pop(key, None))
+    pn.state.schedule_task("rollout-studio-tails", _poll_tails, period="2s")  # once per process
+
+
+def _poll_tails() -> None:
+    from widgets.import_panel import tail_rows
+
+    counts: dict[str, int] = {}
+    for key, page in list(_PAGES.items()):
+        doc = page.doc()
+        if doc is None or doc.session_context is None:
+            _PAGES.pop(key, None)
+            continue
+        n = counts.setdefault(page.store.path, tail_rows(page.store))
+        if n != page.seen:
+            page.seen = n
+            doc.add_next_tick_callback(page.refresh)  # in that page's session, with its lock
+
+
+def html_downloads(state) -> pn.Row:
+    """*Save as HTML*: the shown rollout, its group or its fork tree as one self-contained page
+    (``studio.face.static_html``, the same rendering as ``Studio.save_html``), built on click."""
+    import io
+
+    from studio.face.api import Studio
+    from studio.face.static_html import fork_tree_html, group_html, rollout_html
+
+    def make(render, kind: str) -> pn.widgets.FileDownload:
+        def callback():
+            studio = Studio(state.store, state.policy_path)
+            key = state.group_id if kind == "group" else state.rollout_id
+            button.filename = f"{kind}-{key[-8:]}.html"  # named when pressed: a rollout click sends nothing here
+            return io.BytesIO(render(studio, key, state.channel).encode("utf-8"))
+        button = pn.widgets.FileDownload(callback=callback, filename=f"{kind}.html", label=kind.replace("-", " "),
+                                         color="light", embed=False, height=30, width=88, disabled=True,
+                                         css_classes=[f"save-{kind}"])
+        return button
+
+    buttons = {"rollout": make(rollout_html, "rollout"), "group": make(group_html, "group"),
+               "fork-tree": make(fork_tree_html, "fork-tree")}
+
+    def sync(*_):
+        for button in buttons.values():
+            button.disabled = not state.rollout_id
+
+    state.param.watch(sync, ["rollout_id"])
+    sync()
+    label = pn.pane.HTML('<span style="font-size:12px;color:#6b7280" title="one self-contained page that opens in any '
+                         'browser without a server, hover cards included">Save as HTML</span>', margin=(12, 2, 0, 10))
+    return pn.Row(label, *buttons.values(), css_classes=["save-html"], margin=(0, 0, 4, 0))
+

@@ -1,0 +1,208 @@
+"""Serving the studio: ``python launch.py``, ``rollout-studio serve``, ``panel serve launch.py``.
+
+With no arguments it serves the embedded default at http://127.0.0.1:5006: a DuckDB store
+seeded with the sample rollouts, and the sample policy for Generate. Binds 127.0.0.1 and
+refuses any other address without basic auth or OAuth.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import sys
+import webbrowser
+from pathlib import Path
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def is_loopback(address: str) -> bool:
+    if address in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def websocket_origins(address: str, port: int) -> list[str]:
+    """Origins allowed to open the app's websocket.
+
+    On loopback: the loopback names (IPv6 literals in brackets). Elsewhere authentication is
+    mandatory, and users reach the server by host names we cannot know, so any origin.
+    """
+    if not is_loopback(address):
+        return ["*"]
+    hosts = sorted({"localhost", "127.0.0.1", address})
+    return [f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts]
+
+
+def unauthenticated_exposure(argv: list[str]) -> str | None:
+    """For ``panel serve launch.py``: why its command line would expose the studio, or None.
+
+    Panel's own ``--address`` decides where it listens, and without it Bokeh listens on
+    every interface; so without ``--basic-auth`` or ``--oauth-provider`` an explicit
+    loopback ``--address`` is required, as ``python launch.py`` binds by default.
+    """
+    address = None
+    for i, arg in enumerate(argv):
+        if arg == "--address" and i + 1 < len(argv):
+            address = argv[i + 1]
+        elif arg.startswith("--address="):
+            address = arg.split("=", 1)[1]
+    authed = any(a.split("=")[0] in ("--basic-auth", "--oauth-provider") for a in argv)
+    if authed or (address is not None and is_loopback(address)):
+        return None
+    where = address or "every interface (panel serve's default without --address)"
+    return (f"refusing to serve on {where} without authentication: the studio runs code and trains "
+            "models. Run `panel serve launch.py --address 127.0.0.1`, or add --basic-auth or --oauth-provider.")
+
+
+def can_show() -> bool:
+    """Whether opening the user's browser makes sense (a display, a registered browser)."""
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return False
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
+    from studio.store import default_db_path
+
+    ap = argparse.ArgumentParser(prog=prog, description="Serve Rollout Studio.")
+    ap.add_argument("--db", type=Path, default=None,
+                    help=f"DuckDB store; created and seeded with sample rollouts if missing (default {default_db_path()})")
+    ap.add_argument("--policy", default=None,
+                    help="policy for Generate and Branch: a folder, or a backend URL such as http://gpu-box:8000 "
+                         "(`rollout-studio backend`, vLLM, SGLang); default: the sample policy")
+    ap.add_argument("--api-key", default=None,
+                    help="API key of a backend URL (default $ROLLOUT_STUDIO_API_KEY); never stored or shown")
+    ap.add_argument("--port", type=int, default=5006, help="port to listen on (default 5006)")
+    ap.add_argument("--address", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1); any other needs --basic-auth or --oauth-provider")
+    ap.add_argument("--basic-auth", default=None,
+                    help='password, or a JSON file mapping users to passwords ({"alice": "..."}) (Panel basic auth)')
+    ap.add_argument("--oauth-provider", default=None, help="Panel OAuth provider (with PANEL_OAUTH_* settings)")
+    ap.add_argument("--cookie-secret", default=None, help="cookie secret for authentication (random if omitted)")
+    ap.add_argument("--admins", default=None,
+                    help="comma-separated users allowed to run code (Generate); others only browse. Needs authentication")
+    ap.add_argument("--no-show", action="store_true", help="do not open a browser")
+    ap.add_argument("--check", action="store_true", help="build the app headless, report, and exit")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "launch.py") -> argparse.Namespace:
+    ap = build_parser(prog)
+    args = ap.parse_args(argv)
+    if not 0 < args.port < 65536:
+        ap.error(f"--port must be 1-65535, got {args.port}")
+    if args.admins is not None and not (args.basic_auth or args.oauth_provider):
+        ap.error("--admins needs authentication to know who is who: add --basic-auth FILE.json or --oauth-provider")
+    return args
+
+
+def admin_set(value: str | None) -> frozenset[str] | None:
+    """``"alice, bob"`` -> {"alice", "bob"}; None means everyone may run code."""
+    if value is None:
+        return None
+    return frozenset(name.strip() for name in value.split(",") if name.strip())
+
+
+def serving_diagnostics() -> None:
+    """Bokeh's expensive error diagnostics off in a served studio (unless
+    ``BOKEH_PERFORM_ERROR_DIAGNOSTICS`` says otherwise): a signature check of every callback
+    registered as a page is built, and close-match suggestions worked out for every attribute
+    lookup that fails, which Panel's custom components do on each update (~2% of the server's
+    time with twenty pages open). Errors are still raised, with shorter messages."""
+    if "BOKEH_PERFORM_ERROR_DIAGNOSTICS" not in os.environ:
+        from bokeh.settings import settings
+
+        settings.perform_error_diagnostics.set_value(False)
+
+
+def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
+    args = parse_args(argv, prog)
+    if not is_loopback(args.address) and not (args.basic_auth or args.oauth_provider):
+        print(f"error: refusing to listen on {args.address} without authentication: the studio runs code and "
+              "trains models. Add --basic-auth PASSWORD (or a file of user:password lines), or --oauth-provider, "
+              "or keep the default --address 127.0.0.1.", file=sys.stderr)
+        return 2
+
+    import panel as pn
+
+    from backends import PolicyLoadError, check_policy_folder, is_policy_url
+    from sample_data import POLICY_DIR, ROLLOUTS_DIR
+    from studio.face.app import create_app
+    from studio.store import Store, StoreError, default_db_path
+
+    db = args.db or default_db_path()
+    try:
+        store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+    except StoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.api_key:  # workers inherit it; it is never written to the store or the page
+        os.environ["ROLLOUT_STUDIO_API_KEY"] = args.api_key
+    try:
+        if args.policy and is_policy_url(args.policy):
+            from backends.remote import normalize_url
+
+            policy = normalize_url(args.policy)
+        else:
+            policy = Path(args.policy or POLICY_DIR).expanduser().resolve()
+            check_policy_folder(policy)
+    except PolicyLoadError as exc:
+        print(f"error: --policy: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(policy, str):  # a backend that is down is not fatal: the page says so, with a Retry
+        from backends.remote import RemoteError, remote_info
+
+        try:
+            info = remote_info(policy)
+            print(f"backend {policy}: {info.model} on {info.device or 'a device it does not report'}"
+                  f"{'' if info.extension else ' (plain server: entropy estimated, no branching)'}", flush=True)
+        except RemoteError as exc:
+            print(f"warning: --policy: {exc}", file=sys.stderr)
+
+    admins = admin_set(args.admins)
+    if args.check:
+        app = create_app(db, policy, store=store, admins=admins)
+        app.server_doc()  # builds every Bokeh model, as a browser session would
+        c = store.counts()
+        print(f"ok: {db} ({c['rollouts']} rollouts, {c['tokens']} tokens, {c['runs']} runs); policy {policy}")
+        store.close()
+        return 0
+
+    show = not args.no_show and can_show()
+    auth = {}
+    if args.basic_auth:
+        auth.update(basic_auth=args.basic_auth, cookie_secret=args.cookie_secret or os.urandom(24).hex())
+    if args.oauth_provider:
+        auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
+    print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
+    serving_diagnostics()
+    # Signed session ids (a key made per start): a page's session id is one this server made, never one
+    # a request names (which would let a client pick, or guess, another person's session; a blank one
+    # made Bokeh answer 500). A request naming its own id gets 403.
+    pn.serve({"/": lambda: create_app(db, policy, store=store, admins=admins)}, port=args.port, address=args.address,
+             websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False,
+             sign_sessions=True, secret_key=secrets.token_urlsafe(32), **auth)
+    return 0
+
+
+def served_by_panel() -> None:
+    """``panel serve launch.py``: settings come from ROLLOUT_STUDIO_DB / ROLLOUT_STUDIO_POLICY /
+    ROLLOUT_STUDIO_ADMINS; the page refuses to build on an unauthenticated non-loopback bind."""
+    from studio.face.app import create_app, refusal_page
+
+    problem = unauthenticated_exposure(sys.orig_argv)  # Bokeh rewrites sys.argv for the app
+    serving_diagnostics()
+    if problem:
+        refusal_page(problem).servable()
+    else:
+        create_app(os.environ.get("ROLLOUT_STUDIO_DB"), os.environ.get("ROLLOUT_STUDIO_POLICY"),
+                   admins=admin_set(os.environ.get("ROLLOUT_STUDIO_ADMINS"))).servable()

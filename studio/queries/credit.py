@@ -1,0 +1,265 @@
+"""Credit under the tokens: per-token advantages by estimator, steps, and step rewards.
+
+- :func:`token_advantages`: one rollout's advantage per token under a
+  :class:`~studio.signals.advantages.Credit` (sequence estimators broadcast; KL in the reward and
+  GAE vary along the tokens).
+- :class:`Segmenter`: steps by delimiter, regex, newline or tag, as character spans;
+  :func:`token_spans` maps them onto tokens.
+- :func:`rollout_view`: what a click on a rollout reads for the token strip, each thing once.
+- Step rewards from several sources (:func:`step_rewards`): a rule's ``step_reward`` or a
+  process reward model (stored in ``step_rewards``), information gain (IGPO: the change in
+  P(gold answer) step by step, teacher-forced with the policy, :func:`information_gain`),
+  and the implicit process reward β·Σ log(π/π_ref) over a step (PRIME, from stored
+  reference log-probs).
+- :func:`aggregate` and :func:`gated` turn step rewards into an outcome;
+  :func:`step_advantages` normalises them within a group (process supervision).
+- Group diagnostics: :func:`all_equal_by_step`, :func:`prompt_stats` (variance, pass rate,
+  difficulty band).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from studio import queries
+from studio.signals.advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
+from studio.signals.steps import Segmenter, band, step_advantages, token_spans
+from studio.store import Store
+
+IMPLICIT = "implicit"  # the step-reward source computed from reference log-probs
+
+
+# ---------------------------------------------------------------------------- per-token advantages
+
+@dataclass
+class TokenCredit:
+    values: np.ndarray | None  # one per token; None when the estimator cannot run here
+    sequence: float | None  # the rollout's sequence figure (first-token advantage for token estimators)
+    note: str | None = None  # why values are missing
+
+
+def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
+                     scored: queries.ScoredGroup | None = None) -> TokenCredit:
+    """The rollout's advantage per token under ``credit`` (see :mod:`studio.signals.advantages`).
+
+    ``scored``: the rollout's group as :func:`queries.scored_group` scored it under the same
+    ``credit`` and version (the token strip has it from the header); read afresh when not given
+    or not that.
+    """
+    credit.validate()
+    if credit.missing:
+        return TokenCredit(None, None, credit.missing)
+    if (scored is None or scored.credit != credit or scored.rule_version_id != rule_version_id
+            or scored.row(rollout_id) is None):
+        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    row = scored.row(rollout_id)
+    if row is None:
+        return TokenCredit(None, None, "rollout not in this store")
+    n = int(row["n_tokens"])
+    seq = None if pd.isna(row["advantage"]) else float(row["advantage"])
+    if credit.estimator == "kl":  # every completion of the group: the baseline is their mean return
+        members = {m["rollout_id"]: m for m in scored.members}
+        parts, ids, gids = [], [], []
+        for rid, toks in scored.tokens.items():  # in rollout id order, with the log-probs the header summed
+            m = members[rid]
+            ref = _floats([t["ref"] for t in toks])
+            if np.isnan(ref).any() or pd.isna(m["reward"]):
+                continue
+            parts.append(kl_token_rewards(_floats([t["logprob"] for t in toks]), ref, float(m["reward"]), credit.beta))
+            ids.append(rid)
+            gids.append(m["group_id"])
+        if rollout_id not in ids:
+            return TokenCredit(None, None, f"no reference log-probs from {credit.reference} for this rollout "
+                                           "(score it in Compare policies)")
+        adv = kl_in_reward(parts, np.array(gids))
+        return TokenCredit(adv[ids.index(rollout_id)], seq)
+    if credit.estimator == "gae":
+        v = _floats([t["value"] for t in scored.tokens.get(rollout_id, [])])  # the critic's values, in position order
+        if len(v) != n or np.isnan(v).any() or pd.isna(row["reward"]):
+            return TokenCredit(None, None, f"no values from {credit.values} for this rollout (score it with the critic)")
+        adv = gae(outcome_rewards(n, float(row["reward"])), v, credit.gamma, credit.lam)
+        return TokenCredit(adv, seq)
+    return TokenCredit(None if seq is None else np.full(n, seq), seq)
+
+
+def _floats(xs: list) -> np.ndarray:
+    """Read values as float64 (NULL as NaN)."""
+    return np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
+
+
+def _group_of(store: Store, rollout_id: str) -> str:
+    return store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id]) or ""
+
+
+def compare_estimators(store: Store, a: Credit, b: Credit, run_id: str | None = None,
+                       rule_version_id: str | None = None) -> pd.DataFrame:
+    """Every rollout of the scope under two estimators: ``adv_a``, ``adv_b``, their
+    difference, whether the sign flips, and the rank of each within its group."""
+    f = queries.RolloutFilter(run_id=run_id, limit=10**9)
+    ta = queries.rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
+    tb = queries.rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
+    df = ta.rename(columns={"advantage": "adv_a"}).merge(tb.rename(columns={"advantage": "adv_b"}), on="rollout_id")
+    df["diff"] = df["adv_b"] - df["adv_a"]
+    df["sign_flip"] = (np.sign(df["adv_a"].round(9)) * np.sign(df["adv_b"].round(9))) < 0
+    df["rank_a"] = df.groupby("group_id")["adv_a"].rank(method="min", ascending=False)
+    df["rank_b"] = df.groupby("group_id")["adv_b"].rank(method="min", ascending=False)
+    df["rank_change"] = df["rank_a"] != df["rank_b"]
+    return df.sort_values("diff", key=lambda s: -s.abs()).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),
+             tokens: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rollout's steps: ``step_idx``, ``start_pos``, ``end_pos`` (token range), ``text``
+    and ``char_end`` (where the step ends in the completion). Special tokens (``<eos>``)
+    count as no text. ``tokens``: the rollout's tokens in order (``token_text``, ``step_idx``),
+    when the caller has read them (:func:`queries.tokens`)."""
+    if tokens is None:
+        tokens = store.df(f"SELECT token_text, step_idx FROM {store.tokens_between(rollout_id, rollout_id)} "
+                          "WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+    # a token with no text (imported ids alone, before enriching) counts as no text; read as plain
+    # objects (iterating an Arrow-backed string column costs ~1 ms per hundred tokens)
+    raw = tokens["token_text"].to_numpy(dtype=object, na_value=None)
+    texts = ["" if t is None or t != t or _special(t) else t for t in raw]
+    text = "".join(texts)
+    if seg.kind == "task":
+        starts = np.cumsum([0] + [len(t) for t in texts])
+        rows = []
+        step = tokens["step_idx"].to_numpy(dtype=np.float64, na_value=np.nan)  # [T], NaN: no step
+        for k in np.unique(step[~np.isnan(step)]):  # each step: its first and last token
+            where = np.flatnonzero(step == k)
+            a, b = int(where[0]), int(where[-1])
+            body = "".join(texts[a:b + 1])
+            trimmed = body.rstrip(";")  # the separator closes its step but is not part of its text
+            rows.append((int(k), a, b, trimmed, int(starts[a]) + len(trimmed)))
+        return pd.DataFrame(rows, columns=["step_idx", "start_pos", "end_pos", "text", "char_end"])
+    spans = seg.spans(text)
+    tspans = token_spans(texts, spans)
+    return pd.DataFrame({"step_idx": range(len(spans)), "start_pos": [s for s, _ in tspans],
+                         "end_pos": [e for _, e in tspans], "text": [text[a:b] for a, b in spans],
+                         "char_end": [b for _, b in spans]})
+
+
+def _special(text: str | None) -> bool:
+    return text is not None and text.startswith("<") and text.endswith(">") and len(text) > 2
+
+
+# ---------------------------------------------------------------------------- one click
+
+@dataclass
+class RolloutView:
+    """What the token strip shows of one rollout, each thing read once."""
+
+    rollout: dict  # the header row (queries.rollout): prompt, reward, advantage, components, run, policy
+    tokens: pd.DataFrame  # queries.tokens
+    credit: TokenCredit  # per-token advantages under the view's estimator
+    steps: pd.DataFrame  # steps_of under the view's segmentation
+    group: queries.ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
+
+
+def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
+                 seg: Segmenter = Segmenter()) -> RolloutView | None:
+    """Everything a click on a rollout reads for the token strip (None when the rollout is not in
+    the store): its group scored once (:func:`queries.scored_group`) gives the header and the
+    per-token advantages, and its tokens read once give the strip and the steps. Settings that
+    are wrong raise ``ValueError`` (an estimator's, a segmentation's)."""
+    ahead = queries.read_ahead(queries.tokens, store, rollout_id)  # read beside the group: it needs nothing from it
+    with queries.settled(lambda: ahead):
+        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    ro = scored.row(rollout_id)
+    toks = ahead.result()
+    if ro is None:
+        return None
+    tc = token_advantages(store, rollout_id, credit, rule_version_id, scored)
+    return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks), scored)
+
+
+# ---------------------------------------------------------------------------- step rewards
+
+def step_sources(store: Store) -> list[str]:
+    """Stored step-reward sources (rule versions with a step rule, PRMs, information gain)."""
+    return [r[0] for r in store.cursor().execute(
+        "SELECT DISTINCT source FROM step_rewards ORDER BY 1").fetchall()]
+
+
+def step_rewards(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+                 reference: str | None = None, beta: float = 0.05) -> pd.DataFrame:
+    """One rollout's step rewards from ``source``: ``step_idx, start_pos, end_pos, value``.
+
+    ``source`` is a stored source id or :data:`IMPLICIT`: β·Σ_{t in step}(log π - log π_ref)
+    with the reference's stored log-probs (PRIME's implicit process reward), over the
+    segmenter's steps. Empty when the source has nothing for this rollout.
+    """
+    if source == IMPLICIT:
+        steps = steps_of(store, rollout_id, seg)
+        if not reference or steps.empty:
+            return steps.assign(value=np.nan).iloc[:0]
+        t = store.df("""SELECT t.pos, t.logprob - sc.logprob AS lr FROM tokens t
+                        JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos AND sc.policy_version = ?
+                        WHERE t.rollout_id = ? ORDER BY t.pos""", [reference, rollout_id])
+        if t.empty:
+            return steps.assign(value=np.nan).iloc[:0]
+        lr = dict(zip(t["pos"], t["lr"]))
+        steps["value"] = [beta * sum(lr.get(p, 0.0) for p in range(a, b + 1))
+                          for a, b in zip(steps["start_pos"], steps["end_pos"])]
+        return steps
+    return store.df("""SELECT step_idx, start_pos, end_pos, value FROM step_rewards
+                       WHERE rollout_id = ? AND source = ? ORDER BY step_idx""", [rollout_id, source])
+
+
+def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+                          reference: str | None = None, beta: float = 0.05) -> dict[int, float]:
+    """The per-step advantages of one rollout under :func:`step_advantages`, normalised over
+    the step rewards from ``source`` of every completion in its group (those without step
+    rewards from the source are left out). ``{step_idx: advantage}``; empty when the
+    rollout has no step rewards from the source."""
+    gid = _group_of(store, rollout_id)
+    rids = store.df("SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY rollout_id", [gid])["rollout_id"]
+    if source == IMPLICIT:
+        per = {r: step_rewards(store, r, source, seg, reference, beta) for r in rids}
+    else:
+        rows = store.df("""SELECT rollout_id, step_idx, value FROM step_rewards
+                           WHERE source = ? AND rollout_id IN (SELECT rollout_id FROM rollouts WHERE group_id = ?)
+                           ORDER BY rollout_id, step_idx""", [source, gid])
+        per = {r: g for r, g in rows.groupby("rollout_id", sort=False)}
+    per = {r: g for r, g in per.items() if len(g)}
+    if rollout_id not in per:
+        return {}
+    order = list(per)
+    adv = step_advantages([per[r]["value"].to_numpy(dtype=np.float64) for r in order])
+    mine = per[rollout_id]
+    return dict(zip(mine["step_idx"].astype(int), adv[order.index(rollout_id)].tolist()))
+
+
+PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores version of process models
+
+
+# ---------------------------------------------------------------------------- group diagnostics
+
+def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
+    """Per training step of a run: groups, the share whose rewards are all equal (no
+    learning signal), and the mean reward. Runs without steps read as one step (0)."""
+    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
+    return store.df(f"""
+        SELECT step, count(*) AS groups, avg(CASE WHEN all_equal THEN 1.0 ELSE 0.0 END) AS all_equal_share,
+               avg(mean_reward) AS mean_reward
+        FROM (SELECT coalesce(any_value(train_step), 0) AS step, group_id,
+                     coalesce(max(reward) - min(reward) <= {EQUAL_TOL!r}, true) AS all_equal, avg(reward) AS mean_reward
+              FROM ({base}) GROUP BY group_id)
+        GROUP BY step ORDER BY step""", params)
+
+
+def prompt_stats(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
+    """Per prompt: completions, pass rate, reward mean and variance (sample), and its band."""
+    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
+                                               [run_id] if run_id else [])
+    df = store.df(f"""
+        SELECT p.text AS prompt, count(*) AS n, avg(CASE WHEN s.accuracy >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,
+               avg(s.reward) AS mean_reward, coalesce(var_samp(s.reward), 0) AS reward_var
+        FROM ({base}) s JOIN prompts p USING (prompt_id) GROUP BY p.text ORDER BY reward_var DESC, p.text""", params)
+    df["band"] = [band(x) for x in df["pass_rate"]]
+    return df

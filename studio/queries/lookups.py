@@ -1,0 +1,90 @@
+"""Small named reads the views need: ids, pickers' options and one-row facts.
+
+Each is one parameterised query; views call these instead of writing SQL.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from studio.store import Store
+
+
+def group_of(store: Store, rollout_id: str) -> str | None:
+    """The group of a rollout, or None when the store has no such rollout."""
+    return store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id])
+
+
+def rollouts_of_group(store: Store, group_id: str) -> list[str]:
+    """The rollout ids of one group."""
+    return store.df("SELECT rollout_id FROM rollouts WHERE group_id = ?", [group_id])["rollout_id"].tolist()
+
+
+def rollouts_of_run(store: Store, run_id: str) -> list[str]:
+    """The rollout ids of one run."""
+    return store.df("SELECT rollout_id FROM rollouts WHERE run_id = ?", [run_id])["rollout_id"].tolist()
+
+
+def rollouts_of_same_run(store: Store, rollout_id: str) -> list[str]:
+    """The rollout ids of the run that ``rollout_id`` belongs to."""
+    return store.df("SELECT rollout_id FROM rollouts WHERE run_id = (SELECT run_id FROM rollouts "
+                    "WHERE rollout_id = ?)", [rollout_id])["rollout_id"].tolist()
+
+
+def first_rollout_at_step(store: Store, run_id: str, step: int) -> str | None:
+    """The first rollout (by group, then sample) a run sampled at training step ``step``."""
+    return store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? AND train_step = ? "
+                        "ORDER BY group_id, sample_idx LIMIT 1", [run_id, int(step)])
+
+
+def critic_versions(store: Store) -> list[str]:
+    """Versions in ``token_scores`` that carry critic values (``value``)."""
+    return [r[0] for r in store.cursor().execute(
+        "SELECT DISTINCT policy_version FROM token_scores WHERE value IS NOT NULL ORDER BY 1").fetchall()]
+
+
+def rule_version_ids(store: Store) -> list[str]:
+    """Every rule version id, newest first."""
+    return store.df("SELECT rule_version_id FROM rule_versions "
+                    "ORDER BY created_at DESC, rule_version_id")["rule_version_id"].tolist()
+
+
+def rule_versions_by_kind(store: Store) -> list[tuple[str, bool]]:
+    """``(version id, is a reward model's)`` for every rule version, newest first."""
+    vs = store.df("""SELECT rule_version_id AS v, coalesce(starts_with(source, '# reward model'), false) AS rm
+                     FROM rule_versions ORDER BY created_at DESC, rule_version_id""")
+    return [(v, bool(rm)) for v, rm in zip(vs["v"], vs["rm"])]
+
+
+def source_runs(store: Store) -> pd.DataFrame:
+    """``run_id``, ``name`` of every run but mini-runs (prompt sources for a mini-run), oldest first."""
+    return store.df("SELECT run_id, name FROM runs WHERE kind <> 'minirun' ORDER BY created_at")
+
+
+def run_state(store: Store, run_id: str) -> dict | None:
+    """``status``, ``error`` and ``config`` (JSON text) of one run, or None."""
+    df = store.df("SELECT status, error, config FROM runs WHERE run_id = ?", [run_id])
+    return df.iloc[0].to_dict() if len(df) else None
+
+
+def steps_done(store: Store, run_id: str) -> int:
+    """The last training step a mini-run finished (its ``step_s`` metric), 0 before the first."""
+    return int(store.scalar("SELECT coalesce(max(train_step), 0) FROM metrics WHERE run_id = ? "
+                            "AND name = 'step_s'", [run_id]))
+
+
+def token_at(store: Store, rollout_id: str, pos: int) -> pd.DataFrame:
+    """One stored token with its statistics (zero rows when there is none at ``pos``)."""
+    return store.df("SELECT pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs "
+                    f"FROM {store.tokens_between(rollout_id, rollout_id)} "
+                    "WHERE rollout_id = ? AND pos = ?", [rollout_id, pos])
+
+
+def prefix_chars(store: Store, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Characters of each ``(rollout, pos)``'s tokens before ``pos`` (a fork's shared prefix)."""
+    df = store.df("SELECT rollout_id, pos, token_text FROM tokens WHERE list_contains(?, rollout_id)",
+                  [sorted({k[0] for k in keys})])
+    out = {}
+    for rid, pos in keys:
+        part = df[(df["rollout_id"] == rid) & (df["pos"] < pos)]
+        out[(rid, pos)] = int(part["token_text"].str.len().sum())
+    return out

@@ -1,0 +1,509 @@
+"""Editable reward rules: apply a rule's source to stored rollouts, version it, diff versions.
+
+A rule is Python source defining ``reward(prompt, completion, gold, steps, **ctx)`` (and
+optionally ``step_reward``); see :mod:`studio.rewards.rewardlib` for the signature and the
+built-in library. :func:`apply_rule` re-scores every rollout in a scope in the sandbox's
+worker processes (:mod:`studio.rewards.sandbox`) and writes the version and all its rewards in one
+transaction at the end: a version is stored whole or not at all, and nothing earlier is
+overwritten. Its id is ``name@`` + the first 10 hex digits of the hash of the normalised
+source, so the same rule applied twice is one version.
+"""
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import importlib
+import inspect
+import json
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from studio import queries
+from studio.rewards import sandbox
+from studio.rewards.sandbox import Limits, RuleSourceError, SandboxError, check_source, source_sha
+from studio.store import Store
+from studio.store.records import now
+from studio.workers.sync import run_sync
+
+DEFAULT_SOURCE = '''"""The sample task's default reward: final answer, format and per-step arithmetic."""
+from studio.rewardlib import answer_correct, format_ok, steps_correct, weighted
+
+
+def reward(prompt, completion, gold, steps, **ctx):
+    parts = {
+        "accuracy": answer_correct(ctx["parsed"], gold, ctx["task"]),
+        "format": format_ok(ctx["parsed"]),
+        "steps": steps_correct(steps),
+    }
+    parts["total"] = weighted(parts, {"accuracy": 1.0, "format": 0.1, "steps": 0.25})
+    return parts
+'''
+
+
+def load_source(spec: str) -> str:
+    """A rule's source from a ``.py`` file path or a dotted ``package.module`` path (the
+    module's whole source: it must define ``reward``)."""
+    if spec.endswith(".py"):
+        try:
+            path = Path(spec).expanduser()
+        except RuntimeError as exc:  # "~user/..." for a user that does not exist
+            raise FileNotFoundError(f"rule file {spec}: {exc}") from None
+        if not path.is_file():
+            raise FileNotFoundError(f"rule file {spec} does not exist")
+        return path.read_text()
+    if not spec or not all(part.isidentifier() for part in spec.split(".")):
+        raise ValueError(f"{spec[:200]!r} is not a rule: give its source (defining `def reward(prompt, completion, "
+                         "gold, steps, **ctx)`), a .py file or a dotted module path like my_rules.short")
+    try:
+        module = importlib.import_module(spec)
+    except ImportError as exc:
+        raise ValueError(f"cannot import rule module {spec!r}: {exc}") from None
+    if not callable(getattr(module, "reward", None)):
+        raise ValueError(f"module {spec} defines no reward function")
+    return inspect.getsource(module)
+
+
+def version_id(name: str, source: str, sources: dict[str, str] | None = None) -> str:
+    """``name@`` + 10 hex digits of the normalised source's hash (and of the other
+    versions it reads, when it reads any)."""
+    sha = source_sha(source)
+    if sources:
+        sha = hashlib.sha256(f"{sha}\n{json.dumps(sources, sort_keys=True)}".encode()).hexdigest()
+    return f"{name}@{sha[:10]}"
+
+
+@dataclass
+class ApplyResult:
+    rule_version_id: str
+    status: str  # done | cancelled | failed | unchanged
+    scored: int = 0
+    failed: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)  # the first few (rollout_id, message)
+    seconds: float = 0.0
+    message: str | None = None
+
+
+def _scope_rows(store: Store, vid: str, flt: queries.RolloutFilter | None) -> pd.DataFrame:
+    """Rollouts of the scope not yet scored by version ``vid``."""
+    if flt is None:
+        cond, params = "TRUE", []
+    else:
+        sql, params = queries.rollout_table_sql(None, replace(flt, limit=10**9))
+        cond = f"ro.rollout_id IN (SELECT rollout_id FROM ({sql}))"
+    return store.df(f"""
+        SELECT ro.rollout_id, p.text AS prompt, p.gold, p.task, ro.text AS completion
+        FROM rollouts ro JOIN prompts p USING (prompt_id)
+        WHERE {cond} AND ro.rollout_id NOT IN
+              (SELECT rollout_id FROM rewards WHERE rule_version_id = ? AND component = 'total')
+        ORDER BY ro.rollout_id""", params + [vid])
+
+
+async def apply_rule(store: Store, source: str, name: str, note: str = "",
+                     scope: queries.RolloutFilter | None = None, limits: Limits = Limits(),
+                     on_progress: Callable[[int, int], None] | None = None,
+                     cancel: threading.Event | None = None, chunk: int = 500,
+                     sources: dict[str, str] | None = None) -> ApplyResult:
+    """Score every rollout in ``scope`` (all when None) with ``source`` and store the version.
+
+    ``sources`` maps a name to another version id (a reward model's, or a rule's): the
+    rule reads that version's reward of the rollout as ``ctx[name]`` (None where it has
+    none). They are part of the version: the same source over other inputs is another one.
+
+    Raises :class:`RuleSourceError` for source that cannot run (nothing is written).
+    Per-rollout failures are stored as a NULL ``total`` with the message and counted in the
+    result. A spent budget, a killed worker or a cancel stores nothing.
+    """
+    problems = _source_problems(source)
+    if problems:
+        raise RuleSourceError(problems)
+    name = (name or "rule").strip().replace("@", "_")
+    sources = dict(sorted((sources or {}).items()))
+    bad = [k for k in sources if not k.isidentifier()]
+    if bad:
+        raise RuleSourceError([sandbox.SourceProblem(1, 0, f"context names must be identifiers, got {bad}")])
+    vid = version_id(name, source, sources)
+    t0 = time.perf_counter()
+    rows = _scope_rows(store, vid, scope)
+    if rows.empty:
+        return ApplyResult(vid, "unchanged", message="every rollout in scope is already scored by this version")
+    sha = source_sha(source)
+    for key, other in sources.items():  # each rollout's reward under the other source, for ctx[key]
+        vals = store.df("SELECT rollout_id, value FROM rewards WHERE rule_version_id = ? AND component = 'total'", [other])
+        rows[key] = rows["rollout_id"].map(dict(zip(vals["rollout_id"], vals["value"])))
+    cols = ["rollout_id", "prompt", "gold", "completion", *sources]
+    ex = sandbox.pool(limits)
+    loop = asyncio.get_running_loop()
+    futures = []
+    result = ApplyResult(vid, "running")
+    rewards, steps = [], []
+    done = 0
+    try:
+        # submitting is inside the try: a worker the first chunk kills breaks the pool before the
+        # last chunk is submitted, and a broken pool must be dropped, not kept for the next apply
+        for task_name, part in rows.groupby("task", sort=False):
+            recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:])})
+                    for r in part[cols].itertuples(index=False, name=None)]
+            for lo in range(0, len(recs), chunk):
+                futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_name,
+                                                                     recs[lo:lo + chunk], limits.call_s)))
+        for n, fut in futures:
+            waited = asyncio.wrap_future(fut, loop=loop)  # wrapped once: a wrapper left behind logs its error
+            waited.add_done_callback(_retrieved)
+            while True:
+                remaining = limits.budget_s - (time.perf_counter() - t0)
+                if remaining <= 0:
+                    raise SandboxError(f"the rule used up its {limits.budget_s:g} s budget after {done} of "
+                                       f"{len(rows)} rollouts; nothing was stored")
+                if cancel is not None and cancel.is_set():
+                    raise asyncio.CancelledError
+                finished, _ = await asyncio.wait({waited}, timeout=min(0.1, remaining))
+                if finished:
+                    break
+            out, st, errs = fut.result()
+            out = [(rid, comp, value, _clip(err)) for rid, comp, value, err in out]
+            errs = [(rid, _clip(msg)) for rid, msg in errs]
+            rewards.extend(out)
+            steps.extend(st)
+            result.failed += len(errs)
+            if len(result.errors) < 5:
+                result.errors.extend(errs[:5 - len(result.errors)])
+            done += n
+            if on_progress:
+                on_progress(done, len(rows))
+    except asyncio.CancelledError:
+        sandbox.kill_pool(limits)
+        result.status, result.message = "cancelled", "cancelled: nothing was stored"
+        return result
+    except SandboxError as exc:
+        sandbox.kill_pool(limits)
+        result.status, result.message = "failed", str(exc)
+        return result
+    except BrokenProcessPool:
+        sandbox.kill_pool(limits)
+        result.status, result.message = "failed", ("a rule worker died (killed by the system, or the rule "
+                                                   "crashed the interpreter); nothing was stored")
+        return result
+    stored = source + (f"{SOURCES_MARK}{sources}" if sources else "")
+    _write_version(store, vid, name, stored, note, rewards, steps)
+    result.status, result.scored = "done", len(rows)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+MAX_ERROR_CHARS = 2000
+"""Longest per-rollout error message stored (a rule can raise with a message of any size)."""
+
+
+def _clip(msg: str | None) -> str | None:
+    if msg is None or len(msg) <= MAX_ERROR_CHARS:
+        return msg
+    return f"{msg[:MAX_ERROR_CHARS]}… ({len(msg) - MAX_ERROR_CHARS:,} more characters)"
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """Mark a wrapped worker future's outcome as seen (a killed pool fails the futures left;
+    asyncio would log each as 'Future exception was never retrieved')."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _source_problems(source: str) -> list[sandbox.SourceProblem]:
+    """:func:`check_source`'s problems, and what only compiling finds (``return`` outside a
+    function, a duplicate argument, an unknown ``__future__`` feature...): compiling runs
+    nothing. A rule nested too deeply for the parser is a problem too, not a MemoryError."""
+    try:
+        problems = check_source(source)
+        if not problems:
+            compile(source, sandbox.RULE_FILENAME, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return [sandbox.SourceProblem(exc.lineno or 1, max(0, (exc.offset or 1) - 1), exc.msg)]
+    except (MemoryError, RecursionError, ValueError):
+        return [sandbox.SourceProblem(1, 0, "the source is nested too deeply (or is too large) to parse")]
+    return problems
+
+
+def _write_version(store: Store, vid: str, name: str, source: str, note: str, rewards: list, steps: list) -> None:
+    """The version row, its rewards and step rewards: one transaction."""
+    rw = pd.DataFrame(rewards, columns=["rollout_id", "component", "value", "error"])
+    rw.insert(1, "rule_version_id", vid)
+    rw["value"] = rw["value"].astype("float64")
+    version = pd.DataFrame([{"rule_version_id": vid, "name": name, "source": source, "sha256": source_sha(source),
+                             "created_at": now(), "note": note}])
+    sr = pd.DataFrame(steps, columns=["rollout_id", "step_idx", "value"])
+    with store.transaction() as cur:
+        store.write({"rule_versions": version, "rewards": rw}, cur=cur)
+        if len(sr):
+            cur.register("new_steps", sr)
+            cur.execute("""
+                INSERT INTO step_rewards
+                SELECT s.rollout_id, s.step_idx, min(t.pos), max(t.pos), ?, s.value
+                FROM new_steps s LEFT JOIN tokens t ON t.rollout_id = s.rollout_id AND t.step_idx = s.step_idx
+                GROUP BY s.rollout_id, s.step_idx, s.value""", [vid])
+            cur.unregister("new_steps")
+
+
+def apply_rule_sync(*args, **kwargs) -> ApplyResult:
+    """:func:`apply_rule` from synchronous code (scripts, notebooks with a running loop)."""
+    return run_sync(apply_rule, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------- versions and diffs
+
+def versions(store: Store) -> pd.DataFrame:
+    """Every stored rule version, newest first, with how many rollouts it scored."""
+    return store.df("""
+        SELECT v.rule_version_id, v.name, v.note, v.created_at,
+               count(r.rollout_id) AS rollouts, count(r.rollout_id) FILTER (WHERE r.value IS NULL) AS failed
+        FROM rule_versions v LEFT JOIN rewards r ON r.rule_version_id = v.rule_version_id AND r.component = 'total'
+        GROUP BY ALL ORDER BY v.created_at DESC, v.rule_version_id""")
+
+
+def source_of(store: Store, vid: str) -> str | None:
+    return store.scalar("SELECT source FROM rule_versions WHERE rule_version_id = ?", [vid])
+
+
+SOURCES_MARK = "\n# sources "
+
+
+def active_version(store: Store, picked: str = "") -> str | None:
+    """The version new rollouts should also be scored with: the one ``picked`` in a view,
+    else the most recently applied rule or reward-model version (None when only built-in
+    rules have scored anything: Generate and Branch score with those already). Imported
+    scores are what a training run logged and cannot score new rollouts: they are never the
+    active version unless picked."""
+    if picked:
+        return picked
+    return store.scalar("""
+        SELECT rule_version_id FROM rule_versions
+        WHERE source NOT LIKE '# rule %' AND source NOT LIKE '# import %'
+        ORDER BY created_at DESC, rule_version_id LIMIT 1""")
+
+
+async def score_new_run(store: Store, run_id: str, picked: str = "") -> str:
+    """After Generate or Branch stored run ``run_id``: score it with the :func:`active_version`
+    too, so the views that show that version show the new rollouts. Returns a line for the
+    user ('' when there was nothing to do); never raises for a rule's failures."""
+    vid = active_version(store, picked)
+    if not vid:
+        return ""
+    try:
+        res = await extend_version(store, vid, queries.RolloutFilter(run_id=run_id))
+    except (RuleSourceError, FileNotFoundError, OSError, ValueError) as exc:
+        return f"not scored with {vid}: {exc}"
+    if res.status == "done":
+        return f"also scored with {vid}" + (f" ({res.failed} failed)" if res.failed else "")
+    return "" if res.status == "unchanged" else f"not scored with {vid}: {res.message}"
+
+
+async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, limits: Limits = Limits(),
+                         cancel: threading.Event | None = None) -> ApplyResult:
+    """Score the rollouts of ``scope`` that version ``vid`` has not scored yet, with the
+    very rule (or reward model) that made it, so new rollouts join the version a view shows.
+
+    A built-in rule's version is rebuilt from :data:`studio.rewards.DEFAULT_RULES` when it is
+    the current one (older built-in versions cannot be re-run: status ``failed``, says so).
+    """
+    row = store.df("SELECT name, source FROM rule_versions WHERE rule_version_id = ?", [vid])
+    if row.empty:
+        return ApplyResult(vid, "failed", message=f"no rule version {vid!r} in this store")
+    name, source = row["name"][0], row["source"][0]
+    if source.startswith("# reward model "):
+        folder = source.splitlines()[0].removeprefix("# reward model ").strip()
+        res = await score_with_reward_model(store, folder, scope=scope)
+    elif source.startswith("# import "):
+        return ApplyResult(vid, "unchanged", message=f"{vid} holds the scores a training run logged; new rollouts "
+                                                     "are scored by the rules and reward models of the store")
+    elif source.startswith("# rule "):
+        from studio.rewards import DEFAULT_RULES
+
+        if not any(r.version_id == vid for r in DEFAULT_RULES.values()):
+            return ApplyResult(vid, "failed", message=f"{vid} is an older built-in rule; apply it as a rule to extend it")
+        return ApplyResult(vid, "unchanged", message="built-in rules score every new rollout already")
+    else:
+        sources = {}
+        head, _, tail = source.rpartition(SOURCES_MARK)
+        if head:
+            try:
+                sources, source = ast.literal_eval(tail.strip()), head
+            except (ValueError, SyntaxError):  # the rule's own comment, not the stored mark
+                sources = {}
+        res = await apply_rule(store, source, name, scope=scope, limits=limits, cancel=cancel, sources=sources)
+    if res.rule_version_id != vid:  # the folder's weights changed since: say so rather than mix versions
+        res.status, res.message = "failed", (f"{vid} cannot be extended: the reward model's weights changed, so "
+                                             f"the new scores are version {res.rule_version_id}")
+    return res
+
+
+@dataclass
+class Diff:
+    """Two rule versions over the same rollouts."""
+
+    a: str
+    b: str
+    rows: pd.DataFrame  # rollout_id, prompt, completion, group_id, reward_a/b, advantage_a/b, changed, sign_flip
+    groups: pd.DataFrame  # group_id, prompt, all_equal_a, all_equal_b
+
+    @property
+    def changed(self) -> pd.DataFrame:
+        return self.rows[self.rows["changed"]]
+
+    @property
+    def sign_flips(self) -> pd.DataFrame:
+        return self.rows[self.rows["sign_flip"]]
+
+    @property
+    def became_all_equal(self) -> pd.DataFrame:
+        return self.groups[~self.groups["all_equal_a"] & self.groups["all_equal_b"]]
+
+    @property
+    def stopped_all_equal(self) -> pd.DataFrame:
+        return self.groups[self.groups["all_equal_a"] & ~self.groups["all_equal_b"]]
+
+
+def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = None, tol: float = 1e-9) -> Diff:
+    """Rollouts scored by both versions: rewards, advantages, which changed, which flipped
+    the sign of their advantage, and groups that became (or stopped being) all-equal."""
+    from studio.signals.advantages import EQUAL_TOL
+
+    cond, params = "TRUE", []
+    if scope is not None and scope.run_id:
+        cond, params = "ro.run_id = ?", [scope.run_id]
+    sa, pa = queries.scored_rollouts_sql(a, cond, params)
+    sb, pb = queries.scored_rollouts_sql(b, cond, params)
+    df = store.df(f"""
+        SELECT x.rollout_id, p.text AS prompt, x.text AS completion, x.group_id, x.n_tokens,
+               x.reward AS reward_a, y.reward AS reward_b, x.advantage AS advantage_a, y.advantage AS advantage_b
+        FROM ({sa}) x JOIN ({sb}) y USING (rollout_id) JOIN prompts p ON p.prompt_id = x.prompt_id
+        WHERE x.reward IS NOT NULL AND y.reward IS NOT NULL
+        ORDER BY abs(y.reward - x.reward) DESC, x.rollout_id""", pa + pb)
+    df["delta"] = df["reward_b"] - df["reward_a"]
+    df["changed"] = df["delta"].abs() > tol
+    sa_, sb_ = np.sign(df["advantage_a"].fillna(0)), np.sign(df["advantage_b"].fillna(0))
+    df["sign_flip"] = sa_ != sb_
+    g = df.groupby("group_id").agg(prompt=("prompt", "first"), a_lo=("reward_a", "min"), a_hi=("reward_a", "max"),
+                                   b_lo=("reward_b", "min"), b_hi=("reward_b", "max")).reset_index()
+    g["all_equal_a"] = (g["a_hi"] - g["a_lo"]) <= EQUAL_TOL
+    g["all_equal_b"] = (g["b_hi"] - g["b_lo"]) <= EQUAL_TOL
+    return Diff(a, b, df, g[["group_id", "prompt", "all_equal_a", "all_equal_b"]])
+
+
+# ---------------------------------------------------------------------------- hacking diagnostics
+
+def _totals(store: Store, vid: str) -> pd.DataFrame:
+    return store.df("""
+        SELECT rw.rollout_id, rw.value AS reward, ro.n_tokens, length(ro.text) AS n_chars, ro.text AS completion,
+               p.text AS prompt
+        FROM rewards rw JOIN rollouts ro USING (rollout_id) JOIN prompts p USING (prompt_id)
+        WHERE rw.rule_version_id = ? AND rw.component = 'total' AND rw.value IS NOT NULL""", [vid])
+
+
+def length_correlation(store: Store) -> pd.DataFrame:
+    """Per version: Pearson correlation of reward with completion length (tokens), and the
+    slope in reward per 10 tokens. A rising correlation across versions is the classic
+    sign of a length hack."""
+    df = store.df("""
+        SELECT rw.rule_version_id, corr(rw.value, ro.n_tokens) AS r, regr_slope(rw.value, ro.n_tokens) * 10 AS per_10_tokens,
+               count(*) AS rollouts
+        FROM rewards rw JOIN rollouts ro USING (rollout_id)
+        WHERE rw.component = 'total' AND rw.value IS NOT NULL
+        GROUP BY rw.rule_version_id""")
+    order = versions(store)["rule_version_id"].tolist()
+    return df.set_index("rule_version_id").reindex([v for v in order if v in set(df["rule_version_id"])]).reset_index()
+
+
+def component_dominance(store: Store, vid: str) -> pd.DataFrame:
+    """Which component drives the variance of the total: each component's share
+    ``w_i · cov(c_i, total) / var(total)``, with ``w_i`` fitted by least squares (the rule's
+    weights when the total is a weighted sum). Shares sum to the fit's R²."""
+    df = store.df("""SELECT rollout_id, component, value FROM rewards
+                     WHERE rule_version_id = ? AND value IS NOT NULL""", [vid])
+    wide = df.pivot_table(index="rollout_id", columns="component", values="value", aggfunc="first").dropna()
+    comps = [c for c in wide.columns if c != "total"]
+    if not comps or "total" not in wide or wide["total"].var() == 0:
+        return pd.DataFrame({"component": comps, "weight": np.nan, "share": np.nan})
+    X, y = wide[comps].to_numpy(float), wide["total"].to_numpy(float)
+    X1 = np.column_stack([X, np.ones(len(X))])
+    w = np.linalg.lstsq(X1, y, rcond=None)[0][:-1]
+    cov = np.array([np.cov(X[:, i], y)[0, 1] for i in range(len(comps))])
+    share = w * cov / y.var(ddof=1)
+    return pd.DataFrame({"component": comps, "weight": w, "share": share}).sort_values("share", ascending=False,
+                                                                                     ignore_index=True)
+
+
+@dataclass
+class Disagreement:
+    """Two reward sources thresholded into pass / fail on the same rollouts; A is the reference."""
+
+    a: str
+    b: str
+    matrix: pd.DataFrame  # rows: A pass / A fail, columns: B pass / B fail
+    false_positives: pd.DataFrame  # B passes what A fails
+    false_negatives: pd.DataFrame  # B fails what A passes
+
+
+def disagreement(store: Store, a: str, b: str, threshold_a: float = 0.5, threshold_b: float = 0.5) -> Disagreement:
+    """Where two reward sources (rule versions, a reward model's version) disagree."""
+    ta, tb = _totals(store, a), _totals(store, b)[["rollout_id", "reward"]]
+    j = ta.merge(tb, on="rollout_id", suffixes=("_a", "_b"))
+    pa, pb = j["reward_a"] >= threshold_a, j["reward_b"] >= threshold_b
+    m = pd.DataFrame([[int((pa & pb).sum()), int((pa & ~pb).sum())], [int((~pa & pb).sum()), int((~pa & ~pb).sum())]],
+                     index=["A pass", "A fail"], columns=["B pass", "B fail"])
+    cols = ["rollout_id", "prompt", "completion", "reward_a", "reward_b", "n_tokens"]
+    return Disagreement(a, b, m, j[~pa & pb][cols].reset_index(drop=True), j[pa & ~pb][cols].reset_index(drop=True))
+
+
+# ---------------------------------------------------------------------------- reward models
+
+async def score_with_reward_model(store: Store, rm_path: str | Path, scope: queries.RolloutFilter | None = None,
+                                  note: str = "", batch: int = 256) -> ApplyResult:
+    """Score rollouts with a sequence-classification reward model (in the model worker) and
+    store the scores as a version ``rm-<folder>@<weights hash>`` with one component, ``total``.
+
+    The version can be shown, diffed and compared like a rule's, and a rule can read it as
+    ``ctx[name]`` (:func:`apply_rule`'s ``sources``). Everything is written in one transaction.
+    """
+    from backends import check_policy_folder
+    from studio import workers
+
+    folder = Path(rm_path).expanduser().resolve()
+    check_policy_folder(folder)
+    t0 = time.perf_counter()
+    ex = workers.pool()
+    first = await asyncio.wrap_future(ex.submit(_rm_version, str(folder)))
+    vid = f"rm-{first}"
+    rows = _scope_rows(store, vid, scope)
+    if rows.empty:
+        return ApplyResult(vid, "unchanged", message="every rollout in scope is already scored by this reward model")
+    from backends.reward_model import rm_score_job
+
+    scores: list[float] = []
+    for lo in range(0, len(rows), batch):
+        part = rows.iloc[lo:lo + batch]
+        s, _ = await asyncio.wrap_future(ex.submit(rm_score_job, str(folder), part["prompt"].tolist(),
+                                                   part["completion"].tolist()))
+        scores.extend(s)
+    rewards = [(rid, "total", float(v), None) for rid, v in zip(rows["rollout_id"], scores)]
+    source = (f"# reward model {folder}\n# {first}: AutoModelForSequenceClassification on prompt + completion;\n"
+              "# the reward is the sigmoid of its single logit (the model's probability that the completion is right)\n")
+    _write_version(store, vid, vid.split("@")[0], source, note or "reward model", rewards, [])
+    return ApplyResult(vid, "done", scored=len(rows), seconds=time.perf_counter() - t0)
+
+
+def _rm_version(path: str) -> str:
+    """Runs in a worker: ``<folder>@<weights hash>`` of a reward model."""
+    from backends.reward_model import reward_model_version
+
+    return reward_model_version(path)
+
+
+def score_with_reward_model_sync(*args, **kwargs) -> ApplyResult:
+    """:func:`score_with_reward_model` from synchronous code."""
+    return run_sync(score_with_reward_model, *args, **kwargs)

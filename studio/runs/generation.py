@@ -1,0 +1,162 @@
+"""Generate: sample a policy on prompts in a worker, score, and store, chunk by chunk.
+
+The owner process (server or CLI) calls :func:`generate`; sampling runs in the worker
+pool, and each finished chunk is scored and written in one transaction, so progress is
+visible and a crash or cancel loses at most the chunk in flight (never half of one).
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Executor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from backends import PolicyLoadError
+from studio import workers
+from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
+from studio.store import Store
+from studio.store.records import generation_rows, prompt_rows
+from studio.store.runs import set_status, start_run
+from studio.tasks import Prompt, Task, TaskParseError, get_task
+from studio.workers.sync import run_sync
+from studio.workers.vocab import check_policy, policy_label
+
+
+class ConfigError(ValueError):
+    """Generate settings out of range; the message names each one."""
+
+
+# field -> (lowest, highest) allowed; the Generate form takes its bounds from here
+BOUNDS: dict[str, tuple[float, float]] = {
+    "group_size": (1, 64), "temperature": (0.0, 5.0), "top_p": (0.01, 1.0),
+    "max_new_tokens": (1, 4096), "top_k_stats": (1, 20),
+}
+
+
+@dataclass
+class GenerateConfig:
+    """Sampling settings of one Generate run (the UI form is generated from these fields)."""
+
+    group_size: int = 8
+    """Completions sampled per prompt: one GRPO group."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy. Statistics always describe the policy at temperature 1."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 samples from the full distribution."""
+    max_new_tokens: int = 48
+    """Longest completion, in tokens."""
+    seed: int = 0
+    """Seed of the sampler; the same seed, prompts and policy give the same rollouts."""
+    top_k_stats: int = 5
+    """Most likely alternatives recorded per token (shown in the hover card)."""
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming every setting outside :data:`BOUNDS`."""
+        problems = [f"{name.replace('_', ' ')} must be {lo}-{hi}, got {getattr(self, name)}"
+                    for name, (lo, hi) in BOUNDS.items() if not lo <= getattr(self, name) <= hi]
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+@dataclass
+class GenerateResult:
+    run_id: str
+    status: str  # done | cancelled | failed
+    rollouts: int = 0
+    error: str | None = None
+    device: str | None = None
+    group_ids: list[str] = field(default_factory=list)
+
+
+def parse_prompts(task: Task, texts: list[str]) -> list[Prompt]:
+    """Read typed or picked prompts; every unreadable line is named in one error."""
+    prompts, bad = [], []
+    for i, text in enumerate(t for t in texts if t.strip()):
+        try:
+            prompts.append(task.parse_prompt(text))
+        except TaskParseError as exc:
+            bad.append(f"prompt {i + 1}: {exc}")
+    if bad:
+        raise TaskParseError("; ".join(bad))
+    if not prompts:
+        raise TaskParseError("no prompts given: pick sample prompts or type one per line, like 'Q: 23+48-7='")
+    return prompts
+
+
+def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: list, rule: Rule,
+           policy_version: str | None) -> tuple[int, list[str]]:
+    """Score ``gens`` and write prompts, rollouts, tokens and rewards in one transaction."""
+    rollouts, tokens = generation_rows(run_id, task, prompts, gens, policy_version)
+    items = [(rid, prompts[g.prompt_index], g.text) for rid, g in zip(rollouts["rollout_id"], gens)]
+    rewards = score_frame(rule, task, items)
+    store.write({"prompts": prompt_rows(task, prompts), "rule_versions": rule_version_frame(rule),
+                 "rollouts": rollouts, "tokens": tokens, "rewards": rewards})
+    return len(rollouts), list(dict.fromkeys(rollouts["group_id"]))
+
+
+async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str],
+                   config: GenerateConfig = GenerateConfig(), task: str = "arithmetic",
+                   rule: Rule | None = None, executor: Executor | None = None,
+                   on_progress: Callable[[int, int, str], None] | None = None,
+                   cancel: threading.Event | None = None, chunk_prompts: int = 4,
+                   name: str | None = None) -> GenerateResult:
+    """Sample ``config.group_size`` completions for each prompt and store them.
+
+    ``policy_path`` is a folder or a backend URL (``backends.remote``). Bad input
+    (unparsable prompt, missing policy folder, a backend that does not answer, invalid
+    settings) raises before anything is written. ``on_progress(done, total, message)`` is
+    called after every chunk. A backend without the studio's extension gives entropies
+    estimated from top-k logprobs: the run's config (``backend.entropy``), its default name
+    and every rollout's policy version say so.
+    """
+    config.validate()
+    the_task = get_task(task)
+    prompts = parse_prompts(the_task, prompt_texts)
+    policy_path, backend = await check_policy(policy_path)
+    rule = rule or DEFAULT_RULES[the_task.name]
+    executor = executor or workers.pool()
+    run_config = asdict(config) | ({"backend": backend.describe()} if backend is not None else {})
+    estimated = " · entropy estimated" if backend is not None and not backend.extension else ""
+    run_id = start_run(store, "generate", name or f"generate · {len(prompts)} prompts × {config.group_size}{estimated}",
+                       policy_label(policy_path), the_task.name, run_config)
+    result = GenerateResult(run_id=run_id, status="running")
+    chunks = [prompts[i:i + chunk_prompts] for i in range(0, len(prompts), chunk_prompts)]
+    total = len(prompts) * config.group_size
+    kwargs = {k: v for k, v in asdict(config).items() if k != "group_size"}
+    kwargs["n"] = config.group_size
+    try:
+        for i, chunk in enumerate(chunks):
+            if cancel is not None and cancel.is_set():
+                result.status = "cancelled"
+                break
+            kw = dict(kwargs, seed=config.seed + 7919 * i)  # distinct, reproducible stream per chunk
+            fut = executor.submit(workers.sample_job, str(policy_path), [p.text for p in chunk], kw)
+            gens, version, result.device = await asyncio.wrap_future(fut)
+            # scored and stored on a thread: the event loop (a served page's clicks) is not held by the write
+            n, gids = await asyncio.to_thread(ingest, store, run_id, the_task, chunk, gens, rule, version)
+            result.rollouts += n
+            result.group_ids += gids
+            if on_progress:
+                on_progress(result.rollouts, total, f"{result.rollouts}/{total} rollouts stored")
+        else:
+            result.status = "done"
+    except BrokenProcessPool:
+        workers.reset_pool(executor)
+        result.status, result.error = "failed", "the sampling worker died (out of memory?); it will be restarted on the next run"
+    except PolicyLoadError as exc:
+        result.status, result.error = "failed", str(exc)
+    except Exception as exc:
+        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        if result.status == "running":  # cancelled from outside (task cancellation, shutdown)
+            result.status = "cancelled"
+        set_status(store, run_id, result.status)
+    return result
+
+
+def generate_sync(*args, **kwargs) -> GenerateResult:
+    """:func:`generate` from synchronous code (see :func:`run_sync`)."""
+    return run_sync(generate, *args, **kwargs)
