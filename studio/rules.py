@@ -1,7 +1,5 @@
-"""``python -m studio.rules``: the documented name of ``rollout-studio score``; it runs that command."""
+"""``python -m studio.rules``: a documented command, kept; it runs :mod:`studio.face.cli.score`."""
 import runpy
-import sys
 
 if __name__ == "__main__":
-    sys.argv[1:1] = ["score"]
-    runpy.run_module("studio.face.cli", run_name="__main__", alter_sys=True)
+    runpy.run_module("studio.face.cli.score", init_globals={"ENTRY_PROG": "python -m studio.rules"}, run_name="__main__")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from studio.face import serve
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 from studio import queries
+from studio.face import serve
 from studio.rewards import ARITHMETIC_V1
 from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate_sync
 from studio.store import Store, StoreError

@@ -51,7 +51,7 @@ def test_console_script_is_installed_and_helps():
         assert sub in out.stdout
 
 
-@pytest.mark.parametrize("sub", ["serve", "generate", "score", "import", "export", "curate", "enrich", "backend"])
+@pytest.mark.parametrize("sub", ["serve", "generate", "score", "import", "export", "curate", "enrich", "minirun", "backend"])
 def test_every_subcommand_has_help(sub, tmp_path):
     out = cli(sub, "--help", cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith(f"usage: rollout-studio {sub}")

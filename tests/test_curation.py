@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 from sample_data import POLICY_DIR, ROLLOUTS_DIR  # noqa: E402
 from studio import curation, queries  # noqa: E402
 from studio.curation import CurationError, NothingToExport, PairRule, StalePairsError, build_pairs  # noqa: E402
+from studio.face.cli import curate  # noqa: E402
 from studio.store import Store  # noqa: E402
 from studio.store.records import now  # noqa: E402
 
@@ -585,15 +586,15 @@ def test_cli_build_review_export_and_exit_codes(tmp_path, capsys):
     db = tmp_path / "studio.duckdb"
     Store.open(db, seed_dir=ROLLOUTS_DIR).close()
     out = tmp_path / "prefs.parquet"
-    assert curation.main(["export", "--db", str(db), "--out", str(out)]) == 1
+    assert curate.main(["export", "--db", str(db), "--out", str(out)]) == 1
     assert "refused: nothing to export" in capsys.readouterr().err
-    assert curation.main(["build", "--db", str(db), "--rule", "correct_vs_incorrect", "--per-prompt-cap", "2",
+    assert curate.main(["build", "--db", str(db), "--rule", "correct_vs_incorrect", "--per-prompt-cap", "2",
                           "--length-match", "0.5", "--no-dedupe"]) == 0
     said = capsys.readouterr().out
     assert "correct_vs_incorrect (completion level)" in said and "new pairs" in said
     build_id = said.rsplit("[build ", 1)[1].split("]")[0]
-    assert curation.main(["accept", "--db", str(db), "--build", build_id, "--reviewer", "cli"]) == 0
-    assert curation.main(["status", "--db", str(db)]) == 0
+    assert curate.main(["accept", "--db", str(db), "--build", build_id, "--reviewer", "cli"]) == 0
+    assert curate.main(["status", "--db", str(db)]) == 0
     assert "0 pending" in capsys.readouterr().out
     # the module entry point, in its own process: refused (exit 1, and a clean exit), then done
     refused = subprocess.run([sys.executable, "-m", "studio.curation", "export", "--db", str(db), "--out", str(out),
@@ -608,11 +609,11 @@ def test_cli_build_review_export_and_exit_codes(tmp_path, capsys):
     assert params["per_prompt_cap"] == 2 and params["length_match"] == 0.5 and params["dedupe"] is False
     store.close()
     with pytest.raises(SystemExit):  # argparse: an unknown rule is a usage error (exit 2)
-        curation.main(["build", "--db", str(db), "--rule", "nope"])
-    assert curation.main(["status", "--db", str(tmp_path / "missing.duckdb")]) == 2
+        curate.main(["build", "--db", str(db), "--rule", "nope"])
+    assert curate.main(["status", "--db", str(tmp_path / "missing.duckdb")]) == 2
     assert "there is no studio store at" in capsys.readouterr().err and not (tmp_path / "missing.duckdb").exists()
     (tmp_path / "bad.duckdb").write_bytes(b"not a store" * 100)
-    assert curation.main(["status", "--db", str(tmp_path / "bad.duckdb")]) == 2
+    assert curate.main(["status", "--db", str(tmp_path / "bad.duckdb")]) == 2
     assert "not a readable DuckDB store" in capsys.readouterr().err
 
 

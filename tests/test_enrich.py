@@ -8,6 +8,7 @@ import pytest
 
 from sample_data import POLICY_DIR
 from studio import queries
+from studio.face.cli import enrich as enrich_cli
 from studio.runs import enrich
 
 
@@ -91,14 +92,14 @@ def test_the_cli_enriches_a_run(tmp_path, capsys):
     with store.transaction() as cur:
         cur.execute("DELETE FROM token_rows WHERE rollout_id = ?", [rid])
     store.close()
-    assert enrich.main(["--policy", "sample", "--run", run, "--db", str(db)]) == 0
+    assert enrich_cli.main(["--policy", "sample", "--run", run, "--db", str(db)]) == 0
     assert "enriched 1 rollouts" in capsys.readouterr().out
-    assert enrich.main(["--policy", str(tmp_path / "missing"), "--db", str(db)]) == 2
+    assert enrich_cli.main(["--policy", str(tmp_path / "missing"), "--db", str(db)]) == 2
 
 
 def test_the_cli_refuses_a_store_that_is_not_there(tmp_path, capsys):
     missing = tmp_path / "typo.duckdb"
-    assert enrich.main(["--policy", "sample", "--db", str(missing)]) == 2
+    assert enrich_cli.main(["--policy", "sample", "--db", str(missing)]) == 2
     assert "no studio store" in capsys.readouterr().err and not missing.exists()
 
 

@@ -4,7 +4,8 @@ The picture (docs/architecture.md draws it): ``backends/`` knows nothing of the 
 UI; ``studio/``'s subpackages stack in the order of :data:`LAYERS`, each importing only the
 ones below it; ``studio/face/`` is the one place in ``studio/`` that imports ``widgets`` or a
 UI library; ``widgets/`` draws what the core reads and never runs a model, writes SQL or
-imports the face. ``studio/``'s top-level modules are entry points (``studio.open``, the
+imports the face. ``studio/errors.py`` (``StudioError``) is below every layer. ``studio/``'s
+top-level modules and any ``__main__.py`` are entry points (``studio.open``, the
 documented ``python -m studio.X`` commands, the ``studio.rewardlib`` name stored rules import):
 they may import any layer, and nothing in a subpackage imports them.
 
@@ -98,7 +99,9 @@ def forbidden(root: Path = ROOT) -> list[str]:
                 bad.append(f"{where}: launch.py is an entry point; nothing imports it")
             if parts[0] in UI and pkg != "face":
                 bad.append(f"{where}: only studio/face/ imports the UI")
-            if pkg is None:
+            if parts[:2] == ["studio", "errors"]:
+                continue  # the one base every layer's errors derive from (it imports nothing of the studio)
+            if pkg is None or rel.name == "__main__.py":
                 continue  # an entry point: any layer
             if parts[0] == "studio" and len(parts) > 1:
                 other = parts[1]
@@ -145,7 +148,8 @@ def test_subpackages_form_no_cycle():
     graph: dict[str, set[str]] = {pkg: set() for pkg in LEVEL}
     for rel, _, mod in edges():
         pkg, parts = subpackage(rel), mod.split(".")
-        if pkg and parts[0] == "studio" and len(parts) > 1 and parts[1] in graph and parts[1] != pkg:
+        if pkg and rel.name != "__main__.py" and parts[0] == "studio" and len(parts) > 1 and parts[1] in graph \
+                and parts[1] != pkg:
             graph[pkg].add(parts[1])
     order: list[str] = []
     state: dict[str, int] = {}

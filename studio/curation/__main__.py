@@ -1,5 +1,5 @@
-"""``python -m studio.curation``: a documented command, kept; it runs the curation CLI."""
-from studio.curation import main
+"""``python -m studio.curation``: a documented command, kept; it runs :mod:`studio.face.cli.curate`."""
+import runpy
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    runpy.run_module("studio.face.cli.curate", init_globals={"ENTRY_PROG": "python -m studio.curation"}, run_name="__main__")

@@ -37,6 +37,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from studio.curation.pairs import NOT_SPECIAL, CurationError, _stale_sql
+from studio.errors import NOT_DONE
 from studio.store import Store
 from studio.store.records import new_id, now
 
@@ -49,9 +50,13 @@ SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 class NothingToExport(CurationError):
     """The export would write no rows."""
 
+    exit_code = NOT_DONE
+
 
 class StalePairsError(CurationError):
     """Accepted pairs whose rollouts were deleted or re-scored; ``stale`` lists them."""
+
+    exit_code = NOT_DONE
 
     def __init__(self, message: str, stale: pd.DataFrame):
         super().__init__(message)

@@ -37,6 +37,7 @@ from typing import Iterable
 import pandas as pd
 
 from studio import queries
+from studio.errors import StudioError
 from studio.rewards import DEFAULT_RULES
 from studio.signals.advantages import EQUAL_TOL
 from studio.store import Store
@@ -49,7 +50,7 @@ STATUSES = ("pending", "accepted", "rejected")
 NOT_SPECIAL = "NOT (t.token_text LIKE '<%>' AND length(t.token_text) > 2)"
 
 
-class CurationError(ValueError):
+class CurationError(StudioError, ValueError):
     """A pair or export request that cannot be done as asked; the message says what to change."""
 
 

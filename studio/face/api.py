@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from studio import queries
+from studio.errors import StudioError
 from studio.store import Store, StoreError, default_db_path
 from studio.workers.sync import run_sync
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # Panel is imported only when a component is asked for
 CHANNELS = ("entropy", "logprob", "advantage", "weight")
 
 
-class StudioAPIError(ValueError):
+class StudioAPIError(StudioError, ValueError):
     """An API call was given something it cannot use; the message says what and why."""
 
 

@@ -98,7 +98,6 @@ def fork_tree_html(studio: "Studio", rollout_id: str, channel: str = "entropy", 
     """The rollout's strip, then its tree: every fork with its branches' values and completions."""
     from studio import queries
     from studio.queries import forks
-
     from widgets.fork_panel import TREE_CSS, tree_html
 
     studio.rollout(rollout_id)

@@ -23,7 +23,6 @@ import io
 import json
 import math
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -39,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
+from studio.errors import StudioError
 from studio.store import Store, records
 from studio.store.shards import TokenSink
 
@@ -49,11 +49,11 @@ MAX_PROBLEMS = 1000  # problems kept per import (all are counted)
 _INT32 = 2**31 - 1
 
 
-class ImportFormatError(ValueError):
+class ImportFormatError(StudioError, ValueError):
     """A file is not what its importer expects; the message names the missing fields and the ones it has."""
 
 
-class MalformedInput(ValueError):
+class MalformedInput(StudioError, ValueError):
     """Records that cannot be imported; ``problems`` lists them (file, line, why). Nothing was written."""
 
     def __init__(self, problems: list[Problem], total: int | None = None):
@@ -1270,83 +1270,6 @@ def _problems(report: ImportReport, problems: list[Problem], on_error: str) -> N
     report.skipped.extend(problems[:max(0, MAX_PROBLEMS - len(report.skipped))])
 
 
-# ----------------------------------------------------------------------------------------- CLI
-
-def main(argv: list[str] | None = None, prog: str = "python -m studio.importers") -> int:
-    """``python -m studio.importers PATH... [--format F] [--map field=column ...] [--skip-bad] [--tail]``."""
-    import argparse
-
-    from studio.store import StoreError, default_db_path
-
-    ap = argparse.ArgumentParser(prog=prog,
-                                 description="Import the rollouts of a training run (TRL, verl, OpenRLHF / "
-                                             "RL-Logging-Board, or any JSONL / Parquet with --map) into the store.")
-    ap.add_argument("paths", nargs="+", help="files, or run directories (their shards are imported in step order)")
-    ap.add_argument("--format", choices=FORMATS, default=None, help="default: detected from the files")
-    ap.add_argument("--map", action="append", default=[], metavar="FIELD=COLUMN",
-                    help="which column holds a field (repeatable; rewards=a,b for components): "
-                         + ", ".join(f.name for f in fields(ColumnMapping)))
-    ap.add_argument("--skip-bad", action="store_true", help="skip malformed records (default: import nothing)")
-    ap.add_argument("--name", default=None, help="the run's name (default: the directory or file name)")
-    ap.add_argument("--task", default="import", help="the task the prompts belong to")
-    ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
-    ap.add_argument("--tail", action="store_true", help="keep importing new steps of one directory until Ctrl-C")
-    ap.add_argument("--interval", type=float, default=2.0, help="--tail: seconds between looks")
-    args = ap.parse_args(argv)
-    def refuse(message: str) -> int:  # bad input: said on stderr, nothing changed (exit 2)
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-
-    try:
-        mapping = ColumnMapping.parse(args.map) if args.map else None
-        if args.tail and (len(args.paths) != 1 or not Path(args.paths[0]).is_dir()):
-            raise ValueError("--tail follows one directory")
-        missing = [p for p in args.paths if not Path(p).expanduser().exists()]
-        if missing:  # checked before the store is opened: a typo makes no store
-            raise ValueError(f"no such file or directory: {', '.join(missing)}")
-        store = Store.open(args.db)
-    except (OSError, ValueError, RuntimeError, StoreError) as exc:  # RuntimeError: '~nouser' in a path
-        return refuse(str(exc))
-    on_error = "skip" if args.skip_bad else "abort"
-    try:
-        if args.tail:
-            return _tail(store, args, mapping, on_error)
-        rep = import_run(store, args.paths, args.format, mapping=mapping, on_error=on_error, name=args.name,
-                         task=args.task)
-    except MalformedInput as exc:
-        for p in exc.problems:
-            print(p, file=sys.stderr)
-        return refuse(str(exc))
-    except ImportFormatError as exc:
-        return refuse(str(exc))
-    finally:
-        store.close()
-    print(rep.summary())
-    for p in rep.skipped:
-        print(p)
-    return 0
-
-
-def _tail(store: Store, args, mapping: ColumnMapping | None, on_error: str) -> int:
-    from studio.ingest.tail import Tailer
-
-    tailer = Tailer(store, args.paths[0], args.format, mapping, on_error=on_error, interval_s=args.interval,
-                    name=args.name, task=args.task)
-    print(f"following {tailer.directory} every {args.interval:g} s (Ctrl-C stops)", flush=True)
-    try:
-        while True:
-            try:
-                rep = tailer.poll()
-            except (MalformedInput, ImportFormatError) as exc:
-                print(f"error: {exc}", flush=True)
-                rep = None
-            if rep is not None:
-                print(rep.summary(), flush=True)
-                for p in rep.skipped:
-                    print(p, flush=True)
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
 
 
 def __getattr__(name: str):
@@ -1355,10 +1278,3 @@ def __getattr__(name: str):
 
         return Tailer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    # run the package's copy of this module: its errors are the classes studio.ingest.tail raises
-    from studio.ingest.importers import main as _main
-
-    raise SystemExit(_main())

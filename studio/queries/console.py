@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
+from studio.errors import StudioError
 from studio.store import Store, schema
 
 MAX_ROWS = 1000
@@ -56,7 +57,7 @@ EXAMPLES: dict[str, str] = {
 }
 
 
-class ReadOnlyError(ValueError):
+class ReadOnlyError(StudioError, ValueError):
     """The query is not a single read of the store's tables; nothing ran."""
 
 

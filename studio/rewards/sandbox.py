@@ -24,6 +24,8 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from studio.errors import NOT_DONE, StudioError
+
 RULE_FILENAME = "<rule>"
 
 
@@ -53,7 +55,7 @@ class SourceProblem:
         return f"line {self.line}: {self.message}"
 
 
-class RuleSourceError(ValueError):
+class RuleSourceError(StudioError, ValueError):
     """A rule that cannot run as written; ``problems`` says where."""
 
     def __init__(self, problems: list[SourceProblem]):
@@ -61,8 +63,10 @@ class RuleSourceError(ValueError):
         super().__init__("; ".join(map(str, problems)))
 
 
-class SandboxError(RuntimeError):
+class SandboxError(StudioError, RuntimeError):
     """The sandbox itself gave up (budget spent, a worker killed): nothing was stored."""
+
+    exit_code = NOT_DONE
 
 
 def check_source(source: str) -> list[SourceProblem]:

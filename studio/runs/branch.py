@@ -25,6 +25,7 @@ import pandas as pd
 
 from backends import PolicyLoadError, check_policy_folder
 from studio import queries, workers
+from studio.errors import StudioError
 from studio.queries.forks import depth_of
 from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
 from studio.store import Store
@@ -40,7 +41,7 @@ MAX_BRANCHES = 64  # completions per request (choices x n)
 MAX_DEPTH = 6  # a branch of a branch of ... of a sampled rollout
 
 
-class BranchError(ValueError):
+class BranchError(StudioError, ValueError):
     """A branch request that cannot run as asked; the message says what to change."""
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from backends import PolicyLoadError
 from studio import workers
+from studio.errors import StudioError
 from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
 from studio.store import Store
 from studio.store.records import generation_rows, prompt_rows
@@ -25,7 +26,7 @@ from studio.workers.sync import run_sync
 from studio.workers.vocab import check_policy, policy_label
 
 
-class ConfigError(ValueError):
+class ConfigError(StudioError, ValueError):
     """Generate settings out of range; the message names each one."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from studio.errors import StudioError
 from studio.signals import advantages as adv_mod
 
 TRAIN_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
@@ -33,7 +34,7 @@ HELDOUT_SEED = 10_000  # the sample policy's held-out prompts (sample_data.build
 TRAIN_SEED = 20_000
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(StudioError, ValueError):
     """Mini-run settings out of range; the message names each one."""
 
 

@@ -23,6 +23,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from studio.errors import NOT_DONE, StudioError
 from studio.store import schema
 
 # a file in the shard folder that no shard lists is deleted on open once untouched this long: an
@@ -30,12 +31,14 @@ from studio.store import schema
 STRAY_SHARD_AGE_S = 600
 
 
-class StoreError(RuntimeError):
+class StoreError(StudioError, RuntimeError):
     """The store cannot be opened or written; the message says why and what to do."""
 
 
 class QueryTimeout(StoreError):
     """A read ran past its time limit and was interrupted (the store is unchanged)."""
+
+    exit_code = NOT_DONE
 
 
 def default_query_timeout() -> float:

@@ -18,10 +18,11 @@ import pandas as pd
 import pyarrow as pa
 
 from backends import Generation
+from studio.errors import StudioError
 from studio.tasks import Prompt, Task
 
 
-class RecordError(ValueError):
+class RecordError(StudioError, ValueError):
     """A producer handed over a record that breaks the contract."""
 
 

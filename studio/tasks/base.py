@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from studio.errors import StudioError
 
-class TaskParseError(ValueError):
+
+class TaskParseError(StudioError, ValueError):
     """A prompt or completion the task cannot read; the message says what was expected."""
 
 
@@ -79,7 +81,7 @@ def register_task(cls: type[Task]) -> type[Task]:
     return cls
 
 
-class UnknownTaskError(KeyError):
+class UnknownTaskError(StudioError, KeyError):
     """No task is registered under the given name."""
 
     def __str__(self) -> str:  # KeyError would print the message in quotes

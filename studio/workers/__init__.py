@@ -11,6 +11,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from studio.errors import StudioError
+
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 
@@ -252,5 +254,5 @@ def warm_job(policy_path: str) -> str:
     return load_policy(policy_path).device
 
 
-class TokenizerMismatch(ValueError):
+class TokenizerMismatch(StudioError, ValueError):
     """A policy's tokenizer does not read a stored rollout's token ids as the rollout's text."""

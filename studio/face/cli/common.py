@@ -1,0 +1,44 @@
+"""What every subcommand shares: the program name, the exit codes, the store option and error lines."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PROG = "rollout-studio"
+OK, FAILED, BAD_INPUT, INTERRUPTED = 0, 1, 2, 130
+
+
+def _err(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def _db_argument(ap: argparse.ArgumentParser) -> None:
+    from studio.store import default_db_path
+
+    ap.add_argument("--db", default=str(default_db_path()), help=f"the studio's DuckDB store (default {default_db_path()})")
+
+
+def _open(db: str):
+    from studio.store import Store
+
+    return Store.open_existing(db)
+
+
+def _sample_policy() -> str:
+    from sample_data import POLICY_DIR
+
+    return str(POLICY_DIR)
+
+
+def _db_problem(argv: list[str]) -> str | None:
+    """Why a ``--db`` path cannot be a path at all (``~user/…`` for a user that does not exist:
+    ``Path.expanduser`` raises RuntimeError, which every subcommand's store opening would let through)."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--db" and i + 1 < len(argv) else arg[5:] if arg.startswith("--db=") else None
+        if value is not None:
+            try:
+                Path(value).expanduser()
+            except RuntimeError as exc:
+                return f"--db {value}: {exc}"
+    return None
