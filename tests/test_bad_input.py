@@ -8,13 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sample_data import POLICY_DIR, ROLLOUTS_DIR
+from sample_data import POLICY_DIR
 from studio import queries
 from studio.face import serve
 from studio.rewards import ARITHMETIC_V1
 from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate_sync
 from studio.store import Store, StoreError
 from studio.tasks import TaskParseError, get_task
+from tests.fixtures import open_store
 
 task = get_task("arithmetic")
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -22,7 +23,7 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 @pytest.fixture(scope="module")
 def store():
-    s = Store.open(":memory:", seed_dir=ROLLOUTS_DIR)
+    s = open_store(seeded=True)  # one for the module: the properties check it per example
     yield s
     s.close()
 

@@ -26,7 +26,7 @@ from studio.queries import credit
 from studio.signals.advantages import Credit, reinforce_pp, whiten
 from studio.signals.steps import Segmenter
 from studio.store import Store
-from tests.test_importers import board_line, trl_log, write_jsonl
+from tests.fixtures import board_line, trl_log, write_jsonl
 
 TOL = 1e-12  # the numpy twins sum in another order than DuckDB: equal to the last few bits
 T0 = datetime(2030, 1, 1)  # after the seeded rule version

@@ -8,15 +8,12 @@ from backends import PolicyLoadError, pick_device
 from sample_data import POLICY_DIR
 from studio import queries
 from studio.runs.generation import ConfigError, GenerateConfig, generate_sync
-from studio.store import Store
 from studio.tasks import TaskParseError
 
 
 @pytest.fixture()
-def store(tmp_path):
-    s = Store.open(tmp_path / "g.duckdb")
-    yield s
-    s.close()
+def store(store_factory):
+    return store_factory("g.duckdb")
 
 
 def test_generate_stores_scored_groups(store):

@@ -8,10 +8,8 @@ one JSON object per line with token-level lists.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from studio import queries
+from studio.face.cli import import_ as import_cli
 from studio.ingest import importers as im
 from studio.ingest.importers import (
     ColumnMapping,
@@ -32,6 +31,7 @@ from studio.ingest.importers import (
 )
 from studio.ingest.tail import Tailer
 from studio.store import Store
+from tests.fixtures import board_line, trl_log, verl_dump, write_jsonl
 
 FUZZ = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
@@ -39,10 +39,8 @@ TABLES = ("runs", "prompts", "rollouts", "tokens", "token_scores", "rewards", "r
 
 
 @pytest.fixture()
-def store():
-    s = Store.open(":memory:")
-    yield s
-    s.close()
+def store(empty_store):
+    return empty_store
 
 
 def fingerprint(store) -> dict:
@@ -50,68 +48,6 @@ def fingerprint(store) -> dict:
 
 
 # ----------------------------------------------------------------------------------- writers in the real formats
-
-def trl_advantages(rewards: np.ndarray, n: int) -> np.ndarray:
-    """GRPOTrainer's advantages: (r - group mean) / (group std + 1e-4), torch.std (Bessel) per n completions."""
-    g = rewards.reshape(-1, n)
-    return ((g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-4)).ravel()
-
-
-def trl_log(output_dir: Path, step: int, prompts: list, completions: list, rewards: dict[str, list],
-            extra: dict[str, list] | None = None, n: int = 4) -> None:
-    """What ``GRPOTrainer.log`` writes (trl 1.16, trainer/grpo_trainer.py): the ``_logs`` deques
-    gathered over a generation batch, turned into a frame and saved per global step."""
-    logs = {"prompt": deque(prompts), "completion": deque(completions), "rewards": defaultdict(deque),
-            "extra": defaultdict(deque)}
-    for name, vals in rewards.items():
-        logs["rewards"][name].extend(vals)
-    for name, vals in (extra or {}).items():
-        logs["extra"][name].extend(vals)
-    total = np.nansum(np.array([logs["rewards"][k] for k in rewards], float), axis=0)  # reward_weights = 1
-    logs["advantages"] = deque(trl_advantages(total, n).tolist())
-    table = {
-        "step": [step] * len(logs["prompt"]),
-        "prompt": list(logs["prompt"]),  # strip_images_from_messages: text-only messages are unchanged
-        "completion": list(logs["completion"]),
-        **logs["rewards"],
-        **logs["extra"],
-        "advantage": logs["advantages"],
-    }
-    (output_dir / "completions").mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(table).to_parquet(os.path.join(output_dir, "completions", f"completions_{step:05d}.parquet"))
-
-
-def verl_dump(dump_path: Path, step: int, inputs, outputs, gts, scores, reward_extra_infos_dict) -> Path:
-    """``RayPPOTrainer._dump_generations``: one ``{global_steps}.jsonl`` per step."""
-    os.makedirs(dump_path, exist_ok=True)
-    filename = os.path.join(dump_path, f"{step}.jsonl")
-    n = len(inputs)
-    base_data = {"input": inputs, "output": outputs, "gts": gts, "score": scores, "step": [step] * n}
-    for k, v in reward_extra_infos_dict.items():
-        if len(v) == n:
-            base_data[k] = v
-    lines = [json.dumps({k: v[i] for k, v in base_data.items()}, ensure_ascii=False) for i in range(n)]
-    with open(filename, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return Path(filename)
-
-
-def board_line(prompt: str, tokens: list[str], reward: float, step: int, seed: int = 0) -> dict:
-    """One RL-Logging-Board rollout record (its documented JSONL fields)."""
-    rng = np.random.default_rng(seed)
-    T = len(tokens)
-    return {"prompt": prompt, "response": "".join(tokens), "response_tokens": tokens,
-            "logprobs": (-rng.random(T)).round(4).tolist(), "ref_logprobs": (-rng.random(T)).round(4).tolist(),
-            "values": rng.random(T).round(4).tolist(), "token_rewards": [0.0] * (T - 1) + [reward],
-            "reward": reward, "step": step}
-
-
-def write_jsonl(path: Path, rows: list, mode: str = "w") -> Path:
-    with open(path, mode) as f:
-        for r in rows:
-            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
-    return path
-
 
 # ----------------------------------------------------------------------------------- TRL
 
@@ -602,19 +538,19 @@ def test_cli_imports_and_reports_bad_lines_with_exit_code_2(tmp_path, capsys):
     lines = verl_lines(3)
     lines[1] = "not json"
     bad = write_jsonl(d / "1.jsonl", lines)
-    assert im.main([str(d), "--db", str(db)]) == 2
+    assert import_cli.main([str(d), "--db", str(db)]) == 2
     err = capsys.readouterr().err  # refusals go to stderr, each bad line with its file and line
     assert f"{bad}:2: not valid JSON" in err and "error:" in err
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts") == 0
     s.close()
-    assert im.main([str(d), "--db", str(db), "--skip-bad", "--name", "mine"]) == 0
+    assert import_cli.main([str(d), "--db", str(db), "--skip-bad", "--name", "mine"]) == 0
     out = capsys.readouterr().out
     assert "2 rollouts" in out and f"{bad}:2:" in out
     gen = write_jsonl(tmp_path / "g.jsonl", generic_rows(2))
-    assert im.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=question",
+    assert import_cli.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=question",
                     "--map", "completion=answer", "--map", "rewards=fmt,correct"]) == 0
-    assert im.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=nope"]) == 2
+    assert import_cli.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=nope"]) == 2
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts") == 4
     assert s.scalar("SELECT name FROM runs WHERE name = 'mine'") == "mine"

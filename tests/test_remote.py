@@ -4,11 +4,8 @@ schema, degraded mode (the extension off), timeouts, a killed server, keys and b
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -19,7 +16,6 @@ import jsonschema
 import numpy as np
 import pytest
 
-from backends.device import pick_device
 from backends.remote import (
     BackendAuthError,
     BackendTimeout,
@@ -31,10 +27,9 @@ from backends.remote import (
 )
 from backends.types import PolicyLoadError
 from sample_data import POLICY_DIR, REWARD_MODEL_DIR
-from tests.ui.harness import free_port
+from tests.fixtures import DEVICE, Backend
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICE = os.environ.get("ROLLOUT_STUDIO_DEVICE") or pick_device()
 PROMPTS = ["Q: 23+48-7=", "Q: 5-9=", "Q: 61+7+30-44="]
 
 # -- the OpenAI legacy completions response, from its documented fields and types ------------------
@@ -74,37 +69,6 @@ MODELS = {"type": "object", "required": ["object", "data"], "properties": {
         "type": "object", "required": ["id", "object", "created", "owned_by"],
         "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
                        "owned_by": {"type": "string"}}}}}}
-
-
-class Backend:
-    """``python -m backends.server`` on a free loopback port, in its own process group."""
-
-    def __init__(self, tmp: Path, *extra: str, port: int | None = None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"backend-{self.port}.log"
-        env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_STUDIO_API_KEY"}  # keys only as a test asks
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.server", "--policy", "sample",
-                                      "--port", str(self.port), *extra], cwd=ROOT, stdout=open(self.log, "w"),
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"backend exited early:\n{self.log.read_text()}")
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=5).read()
-                return
-            except OSError:
-                time.sleep(0.2)
-        raise RuntimeError(f"backend did not answer in 90 s:\n{self.log.read_text()}")
-
-    def health(self) -> dict:
-        return json.loads(urllib.request.urlopen(self.url + "/health", timeout=10).read())
-
-    def stop(self, sig=signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait(timeout=20)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from tests.test_remote import DEVICE, Backend
+from tests.fixtures import DEVICE, Backend
 
 from .conftest import Server, studio_page
 from .test_app import start_generate, text, wait_text
