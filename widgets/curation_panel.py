@@ -2,7 +2,7 @@
 accepted in TRL's formats.
 
 Three columns. *Build*: a pair rule over a scope of rollouts (the table's filter, a run, or
-everything) under one reward version, stored as pending pairs (``studio.curation.pairs``).
+everything) under one reward version, stored as pending pairs (``studio.curation.build``).
 *Review*: the queue, pending first, one pair at a time: the prompt (and, for a step pair,
 the prefix both share), chosen and rejected side by side with their token strips and reward
 components, accept / reject / swap / note / previous / next, with single-key shortcuts and
@@ -20,9 +20,10 @@ import pandas as pd
 import panel as pn
 import param
 
-from studio import queries
-from studio.curation import pairs
-from studio.curation.export import FILETYPES, FORMATS, STYLES, export_download, exports
+from studio import curation, queries
+from studio.curation.export import FILETYPES, export_download
+from studio.curation.formats import FORMATS, STYLES
+from studio.curation.provenance import exports
 from studio.queries import lookups
 
 from .lazy import LazyView
@@ -121,9 +122,9 @@ class CurationPanel(LazyView):
         self._queue = pd.DataFrame()
         self._picked: dict[str, str] = {}
         # -- build
-        self._rule = pn.widgets.Select(name="pair rule", options=list(pairs.RULES), value="best_vs_worst", width=200,
+        self._rule = pn.widgets.Select(name="pair rule", options=list(curation.RULES), value="best_vs_worst", width=200,
                                        css_classes=["pair-rule"], description=_doc("name"))
-        self._level = pn.widgets.Select(name="level", options=list(pairs.LEVELS), value="completion", width=110,
+        self._level = pn.widgets.Select(name="level", options=list(curation.LEVELS), value="completion", width=110,
                                         css_classes=["pair-level"], description=_doc("level"))
         self._scope = pn.widgets.Select(name="rollouts", width=320, css_classes=["pair-scope"])
         self._version = pn.widgets.Select(name="reward version", width=320, css_classes=["pair-version"])
@@ -237,8 +238,8 @@ class CurationPanel(LazyView):
         self._draw_queue()
 
     # -- build ----------------------------------------------------------------------------
-    def rule(self) -> pairs.PairRule:
-        return pairs.PairRule(name=self._rule.value, level=self._level.value, min_margin=self._margin.value,
+    def rule(self) -> curation.PairRule:
+        return curation.PairRule(name=self._rule.value, level=self._level.value, min_margin=self._margin.value,
                               length_match=self._length.value, per_prompt_cap=self._cap.value,
                               dedupe=bool(self._dedupe.value), within=self._within.value)
 
@@ -249,9 +250,9 @@ class CurationPanel(LazyView):
         elif str(self._scope.value).startswith("run:"):
             runs = [self._scope.value[4:]]
         try:
-            res = pairs.build_pairs(self.state.store, self.rule(), scope=scope, run_ids=runs,
+            res = curation.build_pairs(self.state.store, self.rule(), scope=scope, run_ids=runs,
                                     rule_version_id=self._version.value or None)
-        except pairs.CurationError as exc:
+        except curation.CurationError as exc:
             self._build_msg.object = banner("error", str(exc))
             return
         self._build_msg.object = banner("info" if res.added else "warn", res.message)
@@ -275,9 +276,9 @@ class CurationPanel(LazyView):
 
     def _on_hand_pick(self, event=None) -> None:
         try:
-            pid = pairs.hand_pick(self.state.store, self._picked["chosen"], self._picked["rejected"],
+            pid = curation.hand_pick(self.state.store, self._picked["chosen"], self._picked["rejected"],
                                   reviewer=_user())
-        except (pairs.CurationError, KeyError) as exc:
+        except (curation.CurationError, KeyError) as exc:
             self._build_msg.object = banner("error", str(exc))
             return
         self._picked.clear()
@@ -308,11 +309,11 @@ class CurationPanel(LazyView):
             return
         try:
             if key == "a":
-                pairs.accept(store, [pair["pair_id"]], reviewer=_user())
+                curation.accept(store, [pair["pair_id"]], reviewer=_user())
             elif key == "r":
-                pairs.reject(store, [pair["pair_id"]], reviewer=_user())
+                curation.reject(store, [pair["pair_id"]], reviewer=_user())
             elif key == "s":
-                pairs.swap(store, [pair["pair_id"]], reviewer=_user())
+                curation.swap(store, [pair["pair_id"]], reviewer=_user())
             self._reload(advance=key in "ar")
         except Exception as exc:  # a query timeout, a store error: say so, keep the page
             self._card.object = banner("error", f"could not record that: {type(exc).__name__}: {exc}")
@@ -321,13 +322,13 @@ class CurationPanel(LazyView):
         pair = self._current()
         if pair is None:
             return
-        pairs.set_note(self.state.store, pair["pair_id"], self._note.value, reviewer=_user())
+        curation.set_note(self.state.store, pair["pair_id"], self._note.value, reviewer=_user())
         self._reload(advance=False)
 
     def _reload(self, advance: bool) -> None:
         """Re-read the queue after a decision; with ``advance``, show the next undecided pair."""
         pos = self.position
-        self._queue = pairs.queue(self.state.store, status=self._status_filter(), limit=100_000)
+        self._queue = curation.queue(self.state.store, status=self._status_filter(), limit=100_000)
         if advance and self.show == "pending first":
             pending = [i for i, s in enumerate(self._queue["status"]) if s == "pending"]
             pos = pending[0] if pending else pos
@@ -350,13 +351,13 @@ class CurationPanel(LazyView):
         self._sync_choices()
 
     def _draw_queue(self) -> None:
-        self._queue = pairs.queue(self.state.store, status=self._status_filter(), limit=100_000)
+        self._queue = curation.queue(self.state.store, status=self._status_filter(), limit=100_000)
         self.param.update(position=min(self.position, max(0, len(self._queue) - 1)))
         self._draw()
         self._render_exports()
 
     def _draw(self) -> None:
-        prog = pairs.progress(self.state.store)
+        prog = curation.progress(self.state.store)
         total = prog["total"]
         self._progress.value = int(100 * prog["reviewed"] / total) if total else 0
         stale = f'<span><b>{prog["stale"]}</b> stale</span>' if prog["stale"] else ""
@@ -415,7 +416,7 @@ class CurationPanel(LazyView):
             name, data, prov, sidecar = export_download(self.state.store, self._format.value, self._filetype.value,
                                                         self._style.value, skip_stale=bool(self._skip_stale.value),
                                                         kinds=kinds)
-        except pairs.CurationError as exc:
+        except curation.CurationError as exc:
             self._download.visible = self._download_prov.visible = False
             self._export_msg.object = banner("error", str(exc))
             return
@@ -452,7 +453,7 @@ class CurationPanel(LazyView):
 
 def _doc(field: str) -> str:
     """A ``PairRule`` field's help (shown as the widget's hover help)."""
-    f = {f.name: f for f in dataclasses.fields(pairs.PairRule)}.get(field)
+    f = {f.name: f for f in dataclasses.fields(curation.PairRule)}.get(field)
     return f.metadata.get("help", "") if f is not None else ""
 
 

@@ -1,9 +1,18 @@
 """Curated preference data: the studio's output to the rest of the pipeline.
 
-One import for the widgets and one command line over :mod:`studio.curation.pairs` (pair rules over
-groups and fork trees, the review queue, staleness) and :mod:`studio.curation.export` (TRL's
-preference, unpaired and stepwise formats as JSONL, Parquet or a ``datasets`` folder, with
-provenance)::
+The public API of the package's modules, one job each, for the widgets, the API and one command
+line (:mod:`studio.face.cli.curate`):
+
+- :mod:`~studio.curation.rules`: what a pair rule is (:class:`PairRule`, its options and names);
+- :mod:`~studio.curation.build`: making a rule's pairs over a scope and a reward version;
+- :mod:`~studio.curation.stale`: which stored pairs were deleted or re-scored since;
+- :mod:`~studio.curation.review`: the review queue and the decisions on pairs;
+- :mod:`~studio.curation.formats`: TRL's preference, unpaired and stepwise rows of the pairs;
+- :mod:`~studio.curation.export`: writing them as JSONL, Parquet or a ``datasets`` folder;
+- :mod:`~studio.curation.provenance`: the sidecar and the stored exports;
+- :mod:`~studio.curation.errors`: the errors a request can raise.
+
+::
 
     python -m studio.curation build  --db studio.duckdb --rule correct_vs_incorrect --length-match 0.2
     python -m studio.curation accept --db studio.duckdb --build b1234...   # or review in the UI
@@ -15,41 +24,14 @@ Exit codes: 0 done, 1 refused (nothing to export, stale pairs, a rule that made 
 """
 from __future__ import annotations
 
-from studio.curation.export import (
-    FILETYPES,
-    FORMATS,
-    STYLES,
-    ExportResult,
-    NothingToExport,
-    StalePairsError,
-    export,
-    export_bytes,
-    export_provenance,
-    exports,
-    filetype_of,
-    sidecar_of,
-    versioned_path,
-)
-from studio.curation.pairs import (
-    LEVELS,
-    RULES,
-    STATUSES,
-    BuildResult,
-    CurationError,
-    PairRule,
-    accept,
-    build_pairs,
-    builds,
-    decide,
-    default_version,
-    hand_pick,
-    progress,
-    queue,
-    reject,
-    set_note,
-    stale_pairs,
-    swap,
-)
+from studio.curation.build import BuildResult, build_pairs, default_version
+from studio.curation.errors import CurationError, NothingToExport, StalePairsError
+from studio.curation.export import FILETYPES, ExportResult, export, export_bytes, filetype_of, versioned_path
+from studio.curation.formats import FORMATS, STYLES
+from studio.curation.provenance import export_provenance, exports, sidecar_of
+from studio.curation.review import accept, builds, decide, hand_pick, progress, queue, reject, set_note, swap
+from studio.curation.rules import LEVELS, RULES, STATUSES, PairRule
+from studio.curation.stale import stale_pairs
 
 __all__ = ["FILETYPES", "FORMATS", "LEVELS", "RULES", "STATUSES", "STYLES", "BuildResult", "CurationError",
            "ExportResult", "NothingToExport", "PairRule", "StalePairsError", "accept", "build_pairs", "builds",

@@ -311,9 +311,10 @@ class Studio:
         return rep
 
     def build_pairs(self, run: str | Iterable[str] | None = None, **rule: Any):
-        """Make preference pairs with a :class:`studio.curation.pairs.PairRule` (its fields as keyword
+        """Make preference pairs with a :class:`studio.curation.rules.PairRule` (its fields as keyword
         arguments), stored as pending for review, as the Preference data tab does."""
-        from studio.curation.pairs import PairRule, build_pairs
+        from studio.curation.build import build_pairs
+        from studio.curation.rules import PairRule
 
         names = {f.name for f in dataclasses.fields(PairRule)}
         unknown = sorted(set(rule) - names)
@@ -334,7 +335,7 @@ class Studio:
 
     def accept(self, pairs: Iterable[str] | None = None, *, build: str | None = None) -> int:
         """Accept pairs (by id, or every pending pair of a build); returns how many."""
-        from studio.curation.pairs import decide
+        from studio.curation.review import decide
 
         ids = None if pairs is None else _texts("pairs", pairs)
         if not ids and not _text("build", build):

@@ -28,8 +28,7 @@ def main(argv: list[str], prog: str = f"{PROG} export") -> int:
                       help="what colours the tokens")
     args = ap.parse_args(argv)
 
-    from studio.curation.export import NothingToExport, StalePairsError
-    from studio.curation.pairs import CurationError
+    from studio.curation.errors import CurationError, NothingToExport, StalePairsError
     from studio.store import StoreError
 
     try:

@@ -1,0 +1,134 @@
+"""TRL's dataset shapes of the accepted pairs, as SQL over the selected pairs:
+
+- ``preference``: prompt / chosen / rejected (DPO and friends);
+- ``unpaired``: prompt / completion / label, every chosen side True and every rejected
+  side False, each once (KTO);
+- ``stepwise``: prompt / completions (the rollout's steps) / labels (each step's reward
+  from a step-reward source above a threshold; the answer after the last step labelled by
+  correctness) (PRM training),
+
+in the standard style (strings) or the conversational one (lists of ``role`` / ``content``
+messages). :func:`_selection_sql` reads the accepted pairs as exported (swaps applied, step
+pairs' shared prefix in the prompt, staleness); :func:`_rows_sql` shapes the registered
+``_sel`` pairs into one format's rows; :func:`_step_source` picks the step-reward source of
+stepwise labels. :mod:`studio.curation.export` writes the rows.
+"""
+from __future__ import annotations
+
+from studio.curation.build import NOT_SPECIAL
+from studio.curation.errors import CurationError, NothingToExport
+from studio.curation.stale import _stale_sql
+
+FORMATS = ("preference", "unpaired", "stepwise")
+STYLES = ("standard", "conversational")
+
+
+# the pairs columns an export reads (not params, margins, times: a million pairs read faster)
+SELECTED = ("pair_id, kind, prompt_id, build_id, rule, source, rule_version_id, swapped, reviewer, decided_at, note, "
+            "prefix, chosen_rollout_id, rejected_rollout_id, chosen_reward, rejected_reward")
+
+
+def _selection_sql(where: str) -> str:
+    """Accepted pairs as exported: swaps applied, the prompt with the shared prefix, the two
+    continuations after it, and each side's run and policy (for the provenance)."""
+    cut = "substr({}, length(coalesce(p.prefix, '')) + 1)"
+    return f"""
+        SELECT p.pair_id, p.kind, p.prompt_id, p.build_id, p.rule, p.source, p.rule_version_id, p.swapped,
+               p.reviewer, p.decided_at, p.note,
+               CASE WHEN p.swapped THEN p.rejected_rollout_id ELSE p.chosen_rollout_id END AS chosen_id,
+               CASE WHEN p.swapped THEN p.chosen_rollout_id ELSE p.rejected_rollout_id END AS rejected_id,
+               pr.text || coalesce(p.prefix, '') AS prompt,
+               {cut.format("CASE WHEN p.swapped THEN p.r_text ELSE p.c_text END")} AS chosen,
+               {cut.format("CASE WHEN p.swapped THEN p.c_text ELSE p.r_text END")} AS rejected,
+               p.c_run, p.r_run, p.c_policy, p.r_policy, p.stale, p.stale_detail
+        FROM ({_stale_sql(f"SELECT {SELECTED} FROM pairs WHERE status = 'accepted' AND {where}")}) p
+        LEFT JOIN prompts pr ON pr.prompt_id = p.prompt_id"""
+
+
+def _texts_sql() -> str:
+    """prompt / chosen / rejected strings of the registered ``_sel`` pairs."""
+    return "SELECT pair_id, prompt, chosen, rejected FROM _sel"
+
+
+def _msg(role: str, col: str) -> str:
+    return f"[{{'role': '{role}', 'content': {col}}}]"
+
+
+def _rows_sql(fmt: str, style: str, opts: dict) -> tuple[str, list]:
+    """The exported rows of the registered ``_sel`` pairs, in TRL's columns."""
+    conv = style == "conversational"
+    if fmt == "preference":
+        cols = (f"{_msg('user', 'prompt')} AS prompt, {_msg('assistant', 'chosen')} AS chosen, "
+                f"{_msg('assistant', 'rejected')} AS rejected") if conv else "prompt, chosen, rejected"
+        return f"SELECT {cols} FROM ({_texts_sql()}) ORDER BY pair_id", []
+    if fmt == "unpaired":
+        # every side once; a completion both chosen and rejected has no clear label: left out by default
+        keep = "" if opts.get("conflicts") == "keep" else "QUALIFY count(*) OVER (PARTITION BY prompt, completion) = 1"
+        cols = (f"{_msg('user', 'prompt')} AS prompt, {_msg('assistant', 'completion')} AS completion, label"
+                if conv else "prompt, completion, label")
+        return f"""
+            WITH t AS ({_texts_sql()}),
+            sides AS (SELECT prompt, chosen AS completion, true AS label, pair_id FROM t
+                      UNION ALL SELECT prompt, rejected, false, pair_id FROM t),
+            once AS (SELECT prompt, completion, label, min(pair_id) AS first FROM sides
+                     GROUP BY prompt, completion, label {keep})
+            SELECT {cols} FROM once ORDER BY first, label DESC""", []
+    # stepwise: each distinct rollout of the pairs, cut into its steps (token ranges of the step source)
+    answer = """UNION ALL
+            SELECT rid, n_steps, accuracy >= ? FROM ans WHERE accuracy IS NOT NULL""" if opts["answer_step"] else ""
+    return f"""
+        WITH ids AS (
+            SELECT rid, any_value(vid) AS vid, min(pair_id) AS first FROM (
+                SELECT chosen_id AS rid, rule_version_id AS vid, pair_id FROM _sel
+                UNION ALL SELECT rejected_id, rule_version_id, pair_id FROM _sel) GROUP BY rid),
+        st AS (
+            SELECT s.rollout_id AS rid, s.start_pos, s.value,
+                   row_number() OVER (PARTITION BY s.rollout_id ORDER BY s.step_idx) - 1 AS k,
+                   count(*) OVER (PARTITION BY s.rollout_id) AS n_steps,
+                   max(s.end_pos) OVER (PARTITION BY s.rollout_id) AS last_end
+            FROM step_rewards s JOIN ids ON ids.rid = s.rollout_id
+            WHERE s.source = ? AND s.start_pos IS NOT NULL),
+        tk AS (SELECT t.rollout_id AS rid, t.pos, t.token_text FROM tokens t
+               WHERE t.rollout_id IN (SELECT rid FROM st) AND {NOT_SPECIAL}),
+        piece AS (
+            SELECT tk.rid, tk.pos, tk.token_text,
+                   CASE WHEN st.last_end IS NOT NULL AND tk.pos > st.last_end THEN st.n_steps
+                        ELSE coalesce(st.k, 0) END AS k
+            FROM tk ASOF LEFT JOIN st ON tk.rid = st.rid AND tk.pos >= st.start_pos),
+        texts AS (SELECT rid, k, string_agg(token_text, '' ORDER BY pos) AS text FROM piece GROUP BY rid, k),
+        ans AS (
+            SELECT DISTINCT st.rid, st.n_steps, acc.value AS accuracy FROM st JOIN ids USING (rid)
+            LEFT JOIN rewards acc ON acc.rollout_id = st.rid AND acc.rule_version_id = ids.vid
+                 AND acc.component = ?),
+        labels AS (SELECT rid, k, value > ? AS label FROM st {answer})
+        SELECT pr.text AS prompt, list(x.text ORDER BY x.k) AS completions, list(l.label ORDER BY x.k) AS labels
+        FROM texts x JOIN labels l USING (rid, k) JOIN ids USING (rid)
+        JOIN rollouts ro ON ro.rollout_id = x.rid JOIN prompts pr ON pr.prompt_id = ro.prompt_id
+        GROUP BY x.rid, pr.text, ids.first ORDER BY ids.first, x.rid""", (
+        [opts["step_source"], opts["correct_component"], float(opts["step_threshold"])]
+        + ([float(opts["correct_threshold"])] if opts["answer_step"] else []))
+
+
+def _step_source(cur, given: str | None) -> str:
+    """The step-reward source for stepwise labels: ``given``, else the only source that scored
+    steps of the exported rollouts, else the pairs' version when it is one."""
+    sources = [r[0] for r in cur.execute("""
+        SELECT DISTINCT source FROM step_rewards WHERE rollout_id IN
+            (SELECT chosen_id FROM _sel UNION SELECT rejected_id FROM _sel) ORDER BY 1""").fetchall()]
+    if given is not None:
+        if given not in sources:
+            raise NothingToExport(f"step-reward source {given!r} scored no step of the exported rollouts"
+                                  + (f"; sources there: {', '.join(sources)}" if sources else
+                                     "; none has step rewards yet (apply a rule with step_reward, or compute "
+                                     "PRM / information-gain step scores in the Advantages & steps tab)"))
+        return given
+    if not sources:
+        raise NothingToExport("none of the exported rollouts has step rewards: apply a rule with step_reward, "
+                              "or compute PRM / information-gain step scores, then export stepwise again")
+    versions = [r[0] for r in cur.execute("SELECT DISTINCT rule_version_id FROM _sel").fetchall()]
+    if len(sources) == 1:
+        return sources[0]
+    if len(versions) == 1 and versions[0] in sources:
+        return versions[0]
+    raise CurationError(f"the exported rollouts have step rewards from {len(sources)} sources "
+                        f"({', '.join(sources)}); say which one labels the steps")
