@@ -5,8 +5,8 @@ so a server that only browses never pays for importing torch.
 """
 from .types import Generation, PolicyLoadError, check_policy_folder, is_policy_url
 
-_LAZY = {"Policy": "policy", "load_policy": "policy", "sample_batch": "policy", "score_batch": "policy", "branch_batch": "policy",
-         "pick_device": "device", "RemotePolicy": "remote", "RemoteError": "remote"}
+_LAZY = {"Policy": "policy", "load_policy": "policy", "sample_batch": "policy", "score_batch": "policy",
+         "branch_batch": "policy", "pick_device": "device", "RemotePolicy": "remote", "RemoteError": "remote"}
 
 __all__ = ["Generation", "PolicyLoadError", "check_policy_folder", "is_policy_url", *_LAZY]
 

@@ -35,7 +35,7 @@ def token_texts(tokenizer, seqs: list[list[int]], window: int = 4) -> list[list[
     singles = tokenizer.batch_decode(flat, skip_special_tokens=False) if flat else []
     wholes = tokenizer.batch_decode(seqs, skip_special_tokens=False)
     out, k = [], 0
-    for ids, whole in zip(seqs, wholes):
+    for ids, whole in zip(seqs, wholes, strict=False):
         pieces = singles[k:k + len(ids)]
         k += len(ids)
         out.append(pieces if "".join(pieces) == whole else _in_context(tokenizer, ids, window))
@@ -47,7 +47,8 @@ def _in_context(tokenizer, ids: list[int], window: int) -> list[str]:
     upto = [ids[max(0, i - window):i + 1] for i in range(len(ids))]
     b_txt = tokenizer.batch_decode(before, skip_special_tokens=False)
     u_txt = tokenizer.batch_decode(upto, skip_special_tokens=False)
-    return [u[len(b):] if u.startswith(b) else tokenizer.decode(x[-1:]) for b, u, x in zip(b_txt, u_txt, upto)]
+    return [u[len(b):] if u.startswith(b) else tokenizer.decode(x[-1:])
+            for b, u, x in zip(b_txt, u_txt, upto, strict=False)]
 
 
 def _stop_ids(model, tokenizer) -> list[int]:
@@ -111,8 +112,8 @@ def sample_batch(model, tokenizer, prompts: list[str], n: int = 1, temperature: 
     gen = torch.Generator(device=device).manual_seed(seed)
     done = torch.zeros(len(rows), dtype=torch.bool, device=device)
     if max_new_tokens == 0:
-        return _to_generations(tokenizer, rows, n, *_decode(model, tokenizer, None, ids.repeat_interleave(n, 0),
-                                                               attn, pos, done, 0, temperature, top_p, gen, top_k_stats))
+        return _to_generations(tokenizer, rows, n, *_decode(model, tokenizer, None, ids.repeat_interleave(n, 0), attn,
+                                                            pos, done, 0, temperature, top_p, gen, top_k_stats))
     # the prompt is encoded once and its KV cache shared by its n samples (a group costs one prefill)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
     past = out.past_key_values
@@ -179,8 +180,10 @@ def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, 
             n_done = int(d.sum())
             if n_done == d.shape[0]:
                 break
-            if 4 * n_done >= d.shape[0] and hasattr(past, "batch_select_indices"):  # a quarter has finished: drop those rows from the batch and cache,
-                keep = (~d).nonzero().squeeze(-1)  # so decoding costs the live rows, not the longest one's
+            # a quarter has finished: drop those rows from the batch and cache,
+            # so decoding costs the live rows, not the longest one's
+            if 4 * n_done >= d.shape[0] and hasattr(past, "batch_select_indices"):
+                keep = (~d).nonzero().squeeze(-1)
                 past.batch_select_indices(keep)
                 live, d, nxt, attn, step_pos = live[keep], d[keep], nxt[keep], attn[keep], step_pos[keep]
         step_ids = nxt[:, None]
@@ -267,7 +270,8 @@ def branch_batch(model, tokenizer, prompt: str, prefix_ids: list[int], choices: 
 
 def _to_generations(tokenizer, rows, n, out_ids, out_lp, out_ent, out_tki, out_tkl, lengths, done):
     ids_np, lp_np, ent_np = out_ids.cpu().numpy(), out_lp.cpu().numpy(), out_ent.cpu().numpy()
-    tki_np, tkl_np, len_np, done_np = out_tki.cpu().numpy(), out_tkl.cpu().numpy(), lengths.cpu().numpy(), done.cpu().numpy()
+    tki_np, tkl_np = out_tki.cpu().numpy(), out_tkl.cpu().numpy()
+    len_np, done_np = lengths.cpu().numpy(), done.cpu().numpy()
     seqs = [ids_np[b, :int(len_np[b])].tolist() for b in range(len(rows))]
     texts = token_texts(tokenizer, seqs)
     full = tokenizer.batch_decode(seqs, skip_special_tokens=True)
@@ -305,7 +309,7 @@ def score_batch(model, tokenizer, prompts: list[str], completions: list[str | li
         chunk_p, chunk_c = prompts[lo:lo + batch_size], completions[lo:lo + batch_size]
         p_ids = [tokenizer(p)["input_ids"] for p in chunk_p]
         c_ids = [c if isinstance(c, list) else tokenizer(c, add_special_tokens=False)["input_ids"] for c in chunk_c]
-        seqs = [p + c for p, c in zip(p_ids, c_ids)]
+        seqs = [p + c for p, c in zip(p_ids, c_ids, strict=False)]
         width, C = max(map(len, seqs)), max(map(len, c_ids))
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=device)  # [B, T]
         attn = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)

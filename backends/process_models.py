@@ -122,7 +122,7 @@ class ProcessModel:
                 raise ValueError("every step prefix must encode to at least one token")
             logits = self.model(input_ids=enc["input_ids"].to(self.device),
                                 attention_mask=enc["attention_mask"].to(self.device)).logits.float()  # [B, 1]
-            for i, v in zip(idx, torch.sigmoid(logits[:, 0]).tolist()):
+            for i, v in zip(idx, torch.sigmoid(logits[:, 0]).tolist(), strict=False):
                 out[i] = v
         return out
 
@@ -131,7 +131,7 @@ class ProcessModel:
                batch_size: int = 64) -> list[list[float]]:
         """Value model: V(s_t) for every completion token t (see the module docstring)."""
         seqs, starts = [], []  # input ids, and the position of V(s_0) in them
-        for p, c in zip(prompt_ids, completion_ids):
+        for p, c in zip(prompt_ids, completion_ids, strict=False):
             p, c = [int(x) for x in p], [int(x) for x in c]
             if not p:
                 raise ValueError("every prompt must have at least one token: V(s_0) is read at the last one")
@@ -184,7 +184,7 @@ def prm_step_scores(folder: str | Path, prompts: list[str], completions: list[st
         raise ValueError(f"{len(prompts)} prompts, {len(completions)} completions and "
                          f"{len(step_ends)} step-end lists: give one of each per rollout")
     texts = []
-    for p, c, ends in zip(prompts, completions, step_ends):
+    for p, c, ends in zip(prompts, completions, step_ends, strict=False):
         for e in ends:
             if not 0 <= int(e) <= len(c):
                 raise ValueError(f"step end {e} is outside the completion {c!r} (0..{len(c)})")

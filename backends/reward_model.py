@@ -118,7 +118,7 @@ class RewardModel:
         """Scores of ``prompt + completion`` pairs (the text the policy produced it from)."""
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
-        return self.score([p + c for p, c in zip(prompts, completions)], batch_size=batch_size)
+        return self.score([p + c for p, c in zip(prompts, completions, strict=False)], batch_size=batch_size)
 
 
 @functools.lru_cache(maxsize=4)

@@ -105,7 +105,7 @@ def completion_logps(model, prompt_ids: list[list[int]], completion_ids: list[li
     P, C = max(map(len, prompt_ids)), max(1, max(map(len, completion_ids)))
     ids = torch.full((len(prompt_ids), P + C), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
-    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=False)):
         ids[b, P - len(p):P] = torch.tensor(p)
         attn[b, P - len(p):P] = 1
         if c:

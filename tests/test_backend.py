@@ -65,7 +65,7 @@ def test_seed_makes_sampling_reproducible(sample_policy):
 def test_greedy_and_tiny_top_p_pick_the_argmax(sample_policy):
     greedy = sample_policy.sample(PROMPTS, n=1, temperature=0, seed=0)
     nucleus = sample_policy.sample(PROMPTS, n=1, temperature=1.0, top_p=1e-6, seed=123)
-    for g, h in zip(greedy, nucleus):
+    for g, h in zip(greedy, nucleus, strict=False):
         assert (g.token_ids == g.topk_ids[:, 0]).all()
         assert g.text == h.text
 
@@ -73,7 +73,7 @@ def test_greedy_and_tiny_top_p_pick_the_argmax(sample_policy):
 def test_teacher_forced_scorer_reproduces_sampling_stats(sample_policy):
     gens = sample_policy.sample(PROMPTS, n=2, seed=3)
     scored = sample_policy.score([g.prompt for g in gens], [g.token_ids.tolist() for g in gens])
-    for g, s in zip(gens, scored):
+    for g, s in zip(gens, scored, strict=False):
         assert (s.token_ids == g.token_ids).all() and s.finish_reason == g.finish_reason
         np.testing.assert_allclose(s.logprobs, g.logprobs, atol=2e-4)
         np.testing.assert_allclose(s.entropies, g.entropies, atol=2e-4)
