@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from studio import queries
+from studio.face.cli import import_ as import_cli
 from studio.ingest import importers as im
 from studio.ingest.importers import (
     ColumnMapping,
@@ -602,19 +603,19 @@ def test_cli_imports_and_reports_bad_lines_with_exit_code_2(tmp_path, capsys):
     lines = verl_lines(3)
     lines[1] = "not json"
     bad = write_jsonl(d / "1.jsonl", lines)
-    assert im.main([str(d), "--db", str(db)]) == 2
+    assert import_cli.main([str(d), "--db", str(db)]) == 2
     err = capsys.readouterr().err  # refusals go to stderr, each bad line with its file and line
     assert f"{bad}:2: not valid JSON" in err and "error:" in err
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts") == 0
     s.close()
-    assert im.main([str(d), "--db", str(db), "--skip-bad", "--name", "mine"]) == 0
+    assert import_cli.main([str(d), "--db", str(db), "--skip-bad", "--name", "mine"]) == 0
     out = capsys.readouterr().out
     assert "2 rollouts" in out and f"{bad}:2:" in out
     gen = write_jsonl(tmp_path / "g.jsonl", generic_rows(2))
-    assert im.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=question",
+    assert import_cli.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=question",
                     "--map", "completion=answer", "--map", "rewards=fmt,correct"]) == 0
-    assert im.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=nope"]) == 2
+    assert import_cli.main([str(gen), "--db", str(db), "--format", "generic", "--map", "prompt=nope"]) == 2
     s = Store.open(db)
     assert s.scalar("SELECT count(*) FROM rollouts") == 4
     assert s.scalar("SELECT name FROM runs WHERE name = 'mine'") == "mine"
