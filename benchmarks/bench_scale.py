@@ -267,7 +267,8 @@ def shard_tables(n_rollouts: int, tokens_per_rollout: int, seed: int, shards: in
 
 def ingest(tmp: Path, n_rollouts: int, tokens_per_rollout: int, reps: int, seed: int) -> dict:
     """Seconds of pyarrow writing the shards and of the importer reading them into a new store."""
-    from studio.ingest.importers import ColumnMapping, import_run
+    from studio.ingest.formats import ColumnMapping
+    from studio.ingest.importers import import_run
     from studio.store import Store
 
     tables = shard_tables(n_rollouts, tokens_per_rollout, seed)

@@ -22,13 +22,10 @@ from hypothesis import strategies as st
 
 from studio import queries
 from studio.face.cli import import_ as import_cli
-from studio.ingest import importers as im
-from studio.ingest.importers import (
-    ColumnMapping,
-    ImportFormatError,
-    MalformedInput,
-    import_run,
-)
+from studio.ingest import read, write
+from studio.ingest.errors import ImportFormatError, MalformedInput
+from studio.ingest.formats import ColumnMapping, detect_format
+from studio.ingest.importers import import_run
 from studio.ingest.tail import Tailer
 from studio.store import Store
 from tests.fixtures import board_line, trl_log, verl_dump, write_jsonl
@@ -61,7 +58,7 @@ def test_trl_completions_tables_import_steps_groups_rewards_and_advantages(store
         fmt = [0.5] * 7 + [None]  # a reward function that returned None: NaN in the table
         trl_log(out, step, prompts, [f"{p} -> answer {i}" for i, p in enumerate(prompts)],
                 {"accuracy_reward": acc, "format_reward": fmt}, extra={"solution": ["4"] * 8})
-    assert im.detect_format(out) == "trl"
+    assert detect_format(out) == "trl"
     rep = import_run(store, out)
     assert (rep.n_rollouts, rep.n_files, rep.skipped) == (16, 2, [])
     run = store.df("SELECT * FROM runs WHERE run_id = ?", [rep.run_id]).iloc[0]
@@ -131,7 +128,7 @@ def test_verl_dumps_import_score_extra_rewards_gold_and_groups(store, tmp_path):
         scores = [1.0 if a else 0.0 for a in acc]
         verl_dump(d, step, inputs, outputs, gts, scores, {"acc": acc, "pred": outputs, "score": scores, "x": [1]})
     (d / "metrics.jsonl").write_text('{"loss": 1}\n')  # not a {step}.jsonl dump: left alone
-    assert im.detect_format(d) == "verl"
+    assert detect_format(d) == "verl"
     rep = import_run(store, d)
     assert (rep.n_rollouts, rep.n_files) == (12, 2)
     golds = store.df("SELECT text, gold FROM prompts ORDER BY text")
@@ -153,7 +150,7 @@ def test_openrlhf_board_jsonl_token_level_fields(store, tmp_path):
             board_line("Tell a joke.", ["Knock", " knock"], 1.0, 100, 2),
             board_line("Sum 1+1", ["2"], 0.0, 101, 3)]
     write_jsonl(d / "rollouts.jsonl", rows)
-    assert im.detect_format(d) == "openrlhf"
+    assert detect_format(d) == "openrlhf"
     rep = import_run(store, d)
     assert (rep.n_rollouts, rep.n_tokens) == (3, 6)
     ro = store.df("SELECT * FROM rollouts ORDER BY rollout_id")
@@ -285,7 +282,7 @@ def test_a_file_that_is_not_what_its_importer_expects_names_the_missing_fields(s
     with pytest.raises(ImportFormatError, match=r"missing prompt \(prompt\), completion \(completion\)"):
         import_run(store, parquet, "trl")
     with pytest.raises(ImportFormatError, match="cannot tell the format"):
-        im.detect_format(parquet)
+        detect_format(parquet)
     assert fingerprint(store)["runs"] == 0
 
 
@@ -318,7 +315,7 @@ def test_fast_and_slow_paths_store_the_same_rows(tmp_path, monkeypatch):
 
     fast = Store.open(":memory:")
     import_run(fast, path)
-    monkeypatch.setattr(im, "_jsonl_arrow", lambda data: None)  # every line through the Python pass
+    monkeypatch.setattr(read, "_jsonl_arrow", lambda data: None)  # every line through the Python pass
     slow = Store.open(":memory:")
     import_run(slow, path)
     try:
@@ -355,13 +352,13 @@ def test_parquet_token_texts_read_as_a_dictionary_store_the_same_rows(tmp_path, 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path, use_dictionary=dictionary, row_group_size=groups)
     if slice_rows:
-        monkeypatch.setattr(im, "SLICE", slice_rows)
+        monkeypatch.setattr(read, "SLICE", slice_rows)
     opened, real = [], pq.ParquetFile
 
     def spy(*args, **kw):  # how the importer opens the file
         opened.append(kw)
         return real(*args, **kw)
-    monkeypatch.setattr(im.pq, "ParquetFile", spy)
+    monkeypatch.setattr(read.pq, "ParquetFile", spy)
     got = Store.open(":memory:")
     try:
         rep = import_run(got, path, "generic", mapping=GENERIC)
@@ -388,8 +385,8 @@ def test_slices_keep_groups_whole_and_tokens_in_order(tmp_path, monkeypatch, ext
 
     whole = Store.open(":memory:")
     import_run(whole, path, "generic", mapping=GENERIC)
-    monkeypatch.setattr(im, "SLICE", 3)
-    monkeypatch.setattr(im, "TOKEN_SLICE", 4)
+    monkeypatch.setattr(read, "SLICE", 3)
+    monkeypatch.setattr(write, "TOKEN_SLICE", 4)
     sliced = Store.open(":memory:")
     import_run(sliced, path, "generic", mapping=GENERIC)
     try:
@@ -503,7 +500,7 @@ def test_tail_jsonl_complete_lines_only_and_resume_without_duplicates(tmp_path):
     write_jsonl(d2 / "1.jsonl", verl_lines(2))
     first = import_run(store, d2, name="live")
     write_jsonl(d2 / "2.jsonl", verl_lines(2, step=2))
-    follow = im.Tailer(store, d2, run_id=first.run_id)
+    follow = Tailer(store, d2, run_id=first.run_id)
     assert follow.poll().run_id == first.run_id and follow.status["rollouts"] == 4
     assert store.scalar("SELECT count(*) FROM rollouts WHERE run_id = ?", [first.run_id]) == 4
     store.close()

@@ -16,7 +16,9 @@ import pytest
 
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 from studio import queries
-from studio.ingest.importers import ColumnMapping, MalformedInput, import_run
+from studio.ingest.errors import MalformedInput
+from studio.ingest.formats import ColumnMapping
+from studio.ingest.importers import import_run
 from studio.queries import credit
 from studio.runs import enrich
 from studio.store import STRAY_SHARD_AGE_S, Store, StoreError, shards

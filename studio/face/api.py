@@ -293,7 +293,8 @@ class Studio:
                 names each ``file:line``).
             ImportFormatError: the files are not what the format expects.
         """
-        from studio.ingest.importers import ColumnMapping, import_run
+        from studio.ingest.formats import ColumnMapping
+        from studio.ingest.importers import import_run
 
         cm = ColumnMapping(**mapping) if mapping else None
         rep = import_run(self.store, paths, format, mapping=cm, on_error="skip" if skip_bad else "abort",

@@ -13,14 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from studio.ingest.importers import (
-    ColumnMapping,
-    ImportFormatError,
-    ImportReport,
-    MalformedInput,
-    detect_format,
-    import_run,
-)
+from studio.ingest.errors import ImportFormatError, MalformedInput
+from studio.ingest.formats import ColumnMapping, detect_format
+from studio.ingest.importers import ImportReport, import_run
 from studio.store import Store
 
 

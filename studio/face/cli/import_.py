@@ -7,7 +7,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from studio.face.cli.common import PROG
-from studio.ingest.importers import FORMATS, ColumnMapping, ImportFormatError, MalformedInput, import_run
+from studio.ingest.errors import ImportFormatError, MalformedInput
+from studio.ingest.formats import FORMATS, ColumnMapping
+from studio.ingest.importers import import_run
 from studio.store import Store
 
 COMMAND = "import"

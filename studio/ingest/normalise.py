@@ -1,0 +1,320 @@
+"""A slice of one file's records in canonical form (:class:`Batch`): the columns the store's
+rows are made from, whatever format the file is in.
+
+Two ways there, the same result: :func:`arrow_batch` turns a clean Arrow slice into canonical
+columns in vectorised passes and raises :class:`Slow` at the first thing that needs a
+record-by-record look (a null prompt, ragged token lists, a fractional step, ...);
+:func:`records_batch` checks every record on its own, keeps the good ones, and names each bad
+one as a :class:`~studio.ingest.errors.Problem` (file, 1-based line or row, why). Prompts and
+completions given as ``{role, content}`` messages become text (:func:`render_messages`); the
+messages are kept as the prompt's meta.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from studio.ingest.errors import Problem
+from studio.ingest.formats import INT32, TOKEN_FIELDS, ColumnMapping, arrow_kind, columns_of, value_kind
+
+
+class Slow(Exception):
+    """The vectorised path cannot take this slice as it is: the Python pass checks it record by record."""
+
+
+class Bad(ValueError):
+    """One record is malformed (the message says why)."""
+
+
+@dataclass
+class Batch:
+    """Good records of one slice in canonical form, however they were read."""
+
+    n: int
+    prompt: pa.Array  # string, messages rendered as `role: content` lines
+    completion: pa.Array  # string
+    step: pa.Array  # int32
+    group: pa.Array | None  # string
+    total: pa.Array | None  # float64
+    components: dict[str, pa.Array]  # float64
+    advantage: pa.Array | None  # float64
+    finish_reason: pa.Array | None  # string
+    tokens: dict[str, pa.Array]  # mapping field -> list array, same length per row where not null
+    n_tokens: np.ndarray | None  # int64 per row, -1 where the row has no token fields
+    gold: Callable[[np.ndarray], list] | None  # row indices -> gold JSON text
+    meta: Callable[[np.ndarray], list] | None  # row indices -> prompt meta JSON text
+
+    def slice(self, a: int, z: int) -> Batch:
+        """Rows ``a:z``."""
+        def s(x):
+            return x.slice(a, z - a) if x is not None else None
+        gold, meta = self.gold, self.meta
+        return Batch(z - a, s(self.prompt), s(self.completion), s(self.step), s(self.group), s(self.total),
+                     {k: s(v) for k, v in self.components.items()}, s(self.advantage), s(self.finish_reason),
+                     {k: s(v) for k, v in self.tokens.items()},
+                     self.n_tokens[a:z] if self.n_tokens is not None else None,
+                     (lambda idx: gold(np.asarray(idx) + a)) if gold else None,
+                     (lambda idx: meta(np.asarray(idx) + a)) if meta else None)
+
+
+def _content(m: dict) -> str:
+    c = m.get("content")
+    if isinstance(c, list):  # content blocks (multimodal): their text, images as a mark
+        return "".join(b.get("text") or "" if b.get("type", "text") == "text" else f"<{b.get('type')}>"
+                       for b in c if isinstance(b, dict))
+    return "" if c is None else str(c)
+
+
+def render_messages(messages: list[dict], completion: bool = False) -> str:
+    """A conversation as text: one ``role: content`` line per message (a completion of one
+    message: its content alone)."""
+    if completion and len(messages) == 1:
+        return _content(messages[0])
+    return "\n".join(f"{m.get('role') or ''}: {_content(m)}" for m in messages)
+
+
+def _arrow_text(a: pa.Array, completion: bool) -> pa.Array:
+    """Text of a prompt / completion column (the vectorised twin of :func:`render_messages`)."""
+    if a.null_count:
+        raise Slow
+    kind = arrow_kind(a.type)
+    if kind == "text":
+        return a.cast(pa.string())
+    if kind != "messages":
+        raise Slow
+    lists = a.cast(pa.list_(a.type.value_type)) if pa.types.is_large_list(a.type) else a
+    flat = pc.list_flatten(lists)
+    st = flat.type
+    ct = st.field("content").type
+    if flat.null_count or not (pa.types.is_string(ct) or pa.types.is_null(ct)):
+        raise Slow
+    content = pc.fill_null(flat.field("content").cast(pa.string()), "")
+    role = (pc.fill_null(flat.field("role").cast(pa.string()), "") if st.get_field_index("role") >= 0
+            else pa.repeat("", len(flat)))
+    offsets = np.asarray(lists.offsets) - lists.offsets[0].as_py()
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                                     pc.binary_join_element_wise(role, content, ": ")), "\n")
+    if not completion or len(flat) == 0:
+        return joined
+    lengths = np.diff(offsets)
+    first = content.take(pa.array(np.minimum(offsets[:-1], len(flat) - 1)))
+    return pc.if_else(pa.array(lengths == 1), first, joined)
+
+
+def _arrow_number(a: pa.Array, n: int) -> pa.Array:
+    """float64, NaN read as missing (pandas writes a missing number as NaN)."""
+    kind = arrow_kind(a.type)
+    if kind == "null":
+        return pa.nulls(n, pa.float64())
+    if kind != "number":
+        raise Slow
+    f = a.cast(pa.float64())
+    return pc.if_else(pc.is_nan(f), pa.scalar(None, pa.float64()), f) if pa.types.is_floating(a.type) else f
+
+
+def _arrow_step(a: pa.Array | None, n: int, file_step: int | None) -> pa.Array:
+    if a is not None and pa.types.is_boolean(a.type):
+        raise Slow
+    f = _arrow_number(a, n) if a is not None else pa.nulls(n, pa.float64())
+    v = f.to_numpy(zero_copy_only=False)
+    v = v[~np.isnan(v)]
+    if ((v != np.round(v)) | (np.abs(v) > INT32)).any():
+        raise Slow
+    s = f.cast(pa.int32())
+    return pc.fill_null(s, file_step) if file_step is not None and s.null_count else s
+
+
+def _list_first(a: pa.Array) -> pa.Array:
+    lengths = pc.fill_null(pc.list_value_length(a), 0).to_numpy()
+    flat = pc.list_flatten(a)
+    starts = np.cumsum(lengths) - lengths
+    idx = pa.array(np.where(lengths > 0, np.minimum(starts, max(len(flat) - 1, 0)), 0), mask=lengths == 0)
+    return flat.take(idx) if len(flat) else pa.nulls(len(a), flat.type)
+
+
+_ELEMENT_OK = {"token_texts": lambda t: arrow_kind(t) == "text",  # strings, or a dictionary of them
+               "token_ids": pa.types.is_integer}
+
+
+def arrow_batch(t: pa.Table, m: ColumnMapping, file_step: int | None) -> Batch:
+    """Canonical columns of a clean Arrow slice, all vectorised; raises :class:`Slow` at the
+    first thing that needs a record-by-record look (a null prompt, ragged token lists, ...)."""
+    n = t.num_rows
+    col = {name: t.column(name).combine_chunks() for name in columns_of(m) if name in t.column_names}
+    tokens, lengths = {}, None
+    for fld in TOKEN_FIELDS:
+        a = col.get(getattr(m, fld)) if getattr(m, fld) else None
+        if a is None or arrow_kind(a.type) == "null":
+            continue
+        if arrow_kind(a.type) != "list":
+            raise Slow
+        et = a.type.value_type
+        ok = _ELEMENT_OK.get(fld, lambda t: (pa.types.is_integer(t) or pa.types.is_floating(t)))
+        if not (ok(et) or pa.types.is_null(et)):
+            raise Slow
+        flat = pc.list_flatten(a)
+        if fld == "token_ids" and len(flat) and pc.max(pc.abs(flat.cast(pa.int64()))).as_py() > INT32:
+            raise Slow
+        ln = pc.fill_null(pc.list_value_length(a), -1).to_numpy().astype(np.int64)
+        if lengths is None:
+            lengths = ln
+        elif ((ln >= 0) & (lengths >= 0) & (ln != lengths)).any():
+            raise Slow
+        else:
+            lengths = np.where(lengths < 0, ln, lengths)
+        tokens[fld] = a
+    adv = col.get(m.advantage) if m.advantage else None
+    if adv is not None:
+        if arrow_kind(adv.type) == "list":
+            if not pa.types.is_floating(adv.type.value_type) and not pa.types.is_integer(adv.type.value_type):
+                raise Slow
+            adv = _list_first(adv)
+        adv = _arrow_number(adv, n)
+    fin = col.get(m.finish_reason) if m.finish_reason else None
+    grp = col.get(m.group) if m.group else None
+    if grp is not None and (grp.null_count or arrow_kind(grp.type) not in ("text", "number")
+                            or pa.types.is_floating(grp.type)):
+        raise Slow
+    gold = col.get(m.gold) if m.gold else None
+    prompt_raw = col[m.prompt]
+    return Batch(
+        n=n, prompt=_arrow_text(prompt_raw, False), completion=_arrow_text(col[m.completion], True),
+        step=_arrow_step(col.get(m.step) if m.step else None, n, file_step),
+        group=grp.cast(pa.string()) if grp is not None else None,
+        total=_arrow_number(col[m.reward], n) if m.reward else None,
+        components={c: _arrow_number(col[c], n) for c in m.rewards},
+        advantage=adv,
+        finish_reason=fin.cast(pa.string()) if fin is not None and arrow_kind(fin.type) != "null" else None,
+        tokens=tokens, n_tokens=lengths,
+        gold=(lambda idx: [None if v is None else json.dumps({"answer": v}, default=str)
+                           for v in gold.take(pa.array(idx)).to_pylist()]) if gold is not None else None,
+        meta=(lambda idx: [json.dumps({"messages": v}, default=str)
+                           for v in prompt_raw.take(pa.array(idx)).to_pylist()])
+        if arrow_kind(prompt_raw.type) == "messages" else None)
+
+
+def _py_text(v: Any, col: str, completion: bool) -> tuple[str, list | None]:
+    if v is None:
+        raise Bad(f"missing {col!r}")
+    if isinstance(v, str):
+        return v, None
+    if isinstance(v, list) and all(isinstance(x, dict) for x in v):
+        return render_messages(v, completion), v
+    raise Bad(f"{col!r} must be text or a list of {{role, content}} messages, got {value_kind(v)}")
+
+
+def _nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _py_number(v: Any, col: str) -> float | None:
+    if v is None or isinstance(v, (bool, int, float)):
+        try:
+            return None if v is None or _nan(v) else float(v)
+        except OverflowError:
+            raise Bad(f"{col!r} is out of range") from None
+    raise Bad(f"{col!r} must be a number, got {value_kind(v)} {str(v)[:40]!r}")
+
+
+def _py_int(v: Any, col: str) -> int | None:
+    if v is None:
+        return None
+    if _nan(v):  # missing
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or abs(v) > INT32 or v != int(v):
+        raise Bad(f"{col!r} must be an integer step, got {str(v)[:40]!r}")
+    return int(v)
+
+
+def _py_list(v: Any, col: str, fld: str) -> list | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise Bad(f"{col!r} must be a list, got {value_kind(v)}")
+    if fld == "token_texts":
+        if not all(x is None or isinstance(x, str) for x in v):
+            raise Bad(f"{col!r} must be a list of strings")
+    elif fld == "token_ids":
+        if not all(x is None or (isinstance(x, int) and not isinstance(x, bool) and abs(x) <= INT32) for x in v):
+            raise Bad(f"{col!r} must be a list of token ids")
+    else:
+        if not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v):
+            raise Bad(f"{col!r} must be a list of numbers")
+        v = [None if x is None or _nan(x) else float(x) for x in v]
+    return v
+
+
+def _normalise(obj: Any, m: ColumnMapping, file_step: int | None) -> tuple:
+    """One record's canonical values, or :class:`Bad` saying what is wrong with it."""
+    if not isinstance(obj, dict):
+        raise Bad(f"expected a JSON object, got {value_kind(obj) if obj is not None else 'null'}")
+    prompt, messages = _py_text(obj.get(m.prompt), m.prompt, False)
+    completion, _ = _py_text(obj.get(m.completion), m.completion, True)
+    step = _py_int(obj.get(m.step), m.step) if m.step else None
+    step = file_step if step is None else step
+    group = None
+    if m.group:
+        g = obj.get(m.group)
+        if g is None or isinstance(g, (bool, float)) or not isinstance(g, (str, int)):
+            raise Bad(f"{m.group!r} (the group) must be text or an integer")
+        group = str(g)
+    total = _py_number(obj.get(m.reward), m.reward) if m.reward else None
+    comps = [_py_number(obj.get(c), c) for c in m.rewards]
+    adv = obj.get(m.advantage) if m.advantage else None
+    if isinstance(adv, list):
+        adv = _py_list(adv, m.advantage, "advantage")
+        adv = adv[0] if adv else None
+    adv = _py_number(adv, m.advantage)
+    fin = obj.get(m.finish_reason) if m.finish_reason else None
+    if fin is not None and not isinstance(fin, str):
+        raise Bad(f"{m.finish_reason!r} must be text")
+    toks, n_tok, first = {}, -1, None
+    for fld in TOKEN_FIELDS:
+        col = getattr(m, fld)
+        if col and (lst := _py_list(obj.get(col), col, fld)) is not None:
+            if n_tok >= 0 and len(lst) != n_tok:
+                raise Bad(f"{col!r} has {len(lst)} values but {first!r} has {n_tok}")
+            toks[fld], n_tok, first = lst, len(lst), first or col
+    g = obj.get(m.gold) if m.gold else None
+    gold = None if g is None else json.dumps({"answer": g}, default=str)
+    meta = json.dumps({"messages": messages}, default=str) if messages is not None else None
+    return prompt, completion, step, group, total, comps, adv, fin, toks, n_tok, gold, meta
+
+
+def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | None,
+                  file: str) -> tuple[Batch | None, list[Problem]]:
+    """The slow path: every record checked on its own; the good ones as one batch."""
+    rows, problems = [], []
+    for line, obj in recs:
+        try:
+            rows.append(_normalise(obj, m, file_step))
+        except Bad as exc:
+            problems.append(Problem(file, line, str(exc)))
+    if not rows:
+        return None, problems
+    cols = list(zip(*rows, strict=True))  # each row: one tuple of _normalise's values
+    n = len(rows)
+    tokens = {}
+    for fld in TOKEN_FIELDS:
+        vals = [t.get(fld) for t in cols[8]]
+        if any(v is not None for v in vals):
+            tokens[fld] = pa.array(vals, pa.list_(pa.int64() if fld == "token_ids" else
+                                                  pa.string() if fld == "token_texts" else pa.float64()))
+    gold, meta = cols[10], cols[11]
+    return Batch(
+        n=n, prompt=pa.array(cols[0], pa.string()), completion=pa.array(cols[1], pa.string()),
+        step=pa.array(cols[2], pa.int32()), group=pa.array(cols[3], pa.string()) if m.group else None,
+        total=pa.array(cols[4], pa.float64()) if m.reward else None,
+        components={c: pa.array([r[i] for r in cols[5]], pa.float64()) for i, c in enumerate(m.rewards)},
+        advantage=pa.array(cols[6], pa.float64()) if m.advantage else None,
+        finish_reason=pa.array(cols[7], pa.string()) if m.finish_reason else None,
+        tokens=tokens, n_tokens=np.array(cols[9], np.int64) if tokens else None,
+        gold=(lambda idx: [gold[i] for i in idx]) if m.gold else None,
+        meta=(lambda idx: [meta[i] for i in idx]) if any(v is not None for v in meta) else None), problems
