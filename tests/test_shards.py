@@ -204,7 +204,11 @@ def test_opening_the_store_again_during_a_sharded_import_leaves_the_import_alone
 
     def open_again(done, total):
         if 0 < done < total and not seen:
-            writing = [f for f in (tmp_path / "s.duckdb.shards").iterdir() if f not in store.shard_paths()]
+            # the sink creates its file on its writer thread: give it the time a loaded machine needs
+            deadline = time.time() + 30
+            while not (writing := [f for f in (tmp_path / "s.duckdb.shards").iterdir()
+                                   if f not in store.shard_paths()]) and time.time() < deadline:
+                time.sleep(0.05)
             other = Store.open(path)
             seen.append((writing, [f.exists() for f in writing], other.counts()["rollouts"]))
             other.close()
