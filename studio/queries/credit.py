@@ -23,7 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from studio import queries
+from studio.queries.ahead import read_ahead, settled
+from studio.queries.points import ScoredGroup, scored_group
+from studio.queries.reads import tokens as read_tokens
+from studio.queries.scoring import scored_rollouts_sql
+from studio.queries.table import RolloutFilter, rollout_table
 from studio.signals.advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
 from studio.signals.steps import Segmenter, band, step_advantages, token_spans
 from studio.store import Store
@@ -41,10 +45,10 @@ class TokenCredit:
 
 
 def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
-                     scored: queries.ScoredGroup | None = None) -> TokenCredit:
+                     scored: ScoredGroup | None = None) -> TokenCredit:
     """The rollout's advantage per token under ``credit`` (see :mod:`studio.signals.advantages`).
 
-    ``scored``: the rollout's group as :func:`queries.scored_group` scored it under the same
+    ``scored``: the rollout's group as :func:`scored_group` scored it under the same
     ``credit`` and version (the token strip has it from the header); read afresh when not given
     or not that.
     """
@@ -53,7 +57,7 @@ def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version
         return TokenCredit(None, None, credit.missing)
     if (scored is None or scored.credit != credit or scored.rule_version_id != rule_version_id
             or scored.row(rollout_id) is None):
-        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+        scored = scored_group(store, rollout_id, rule_version_id, credit)
     row = scored.row(rollout_id)
     if row is None:
         return TokenCredit(None, None, "rollout not in this store")
@@ -97,9 +101,9 @@ def compare_estimators(store: Store, a: Credit, b: Credit, run_id: str | None = 
                        rule_version_id: str | None = None) -> pd.DataFrame:
     """Every rollout of the scope under two estimators: ``adv_a``, ``adv_b``, their
     difference, whether the sign flips, and the rank of each within its group."""
-    f = queries.RolloutFilter(run_id=run_id, limit=10**9)
-    ta = queries.rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
-    tb = queries.rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
+    f = RolloutFilter(run_id=run_id, limit=10**9)
+    ta = rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
+    tb = rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
     df = ta.rename(columns={"advantage": "adv_a"}).merge(tb.rename(columns={"advantage": "adv_b"}), on="rollout_id")
     df["diff"] = df["adv_b"] - df["adv_a"]
     df["sign_flip"] = (np.sign(df["adv_a"].round(9)) * np.sign(df["adv_b"].round(9))) < 0
@@ -158,18 +162,18 @@ class RolloutView:
     tokens: pd.DataFrame  # queries.tokens
     credit: TokenCredit  # per-token advantages under the view's estimator
     steps: pd.DataFrame  # steps_of under the view's segmentation
-    group: queries.ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
+    group: ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
 
 
 def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
                  seg: Segmenter = Segmenter()) -> RolloutView | None:
     """Everything a click on a rollout reads for the token strip (None when the rollout is not in
-    the store): its group scored once (:func:`queries.scored_group`) gives the header and the
+    the store): its group scored once (:func:`scored_group`) gives the header and the
     per-token advantages, and its tokens read once give the strip and the steps. Settings that
     are wrong raise ``ValueError`` (an estimator's, a segmentation's)."""
-    ahead = queries.read_ahead(queries.tokens, store, rollout_id)  # read beside the group: it needs nothing from it
-    with queries.settled(lambda: ahead):
-        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    ahead = read_ahead(read_tokens, store, rollout_id)  # read beside the group: it needs nothing from it
+    with settled(lambda: ahead):
+        scored = scored_group(store, rollout_id, rule_version_id, credit)
     ro = scored.row(rollout_id)
     toks = ahead.result()
     if ro is None:
@@ -243,7 +247,7 @@ PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores
 def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """Per training step of a run: groups, the share whose rewards are all equal (no
     learning signal), and the mean reward. Runs without steps read as one step (0)."""
-    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
+    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
     return store.df(f"""
         SELECT step, count(*) AS groups, avg(CASE WHEN all_equal THEN 1.0 ELSE 0.0 END) AS all_equal_share,
                avg(mean_reward) AS mean_reward
@@ -255,7 +259,7 @@ def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = N
 
 def prompt_stats(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
     """Per prompt: completions, pass rate, reward mean and variance (sample), and its band."""
-    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
+    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
                                                [run_id] if run_id else [])
     df = store.df(f"""
         SELECT p.text AS prompt, count(*) AS n, avg(CASE WHEN s.accuracy >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,

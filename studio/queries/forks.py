@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from studio import queries
+from studio.queries.scoring import scored_rollouts_sql
+from studio.queries.table import RolloutFilter, rollout_table_sql
 from studio.signals.forks import ForkRule, Threshold
 from studio.store import Store
 
@@ -38,10 +39,10 @@ PIVOTAL_SPREAD = 0.5  # reward units between the best and worst branch of a fork
 
 
 def scope_condition(rule: ForkRule, rollout_id: str | None,
-                    flt: queries.RolloutFilter | None = None) -> tuple[str, list]:
+                    flt: RolloutFilter | None = None) -> tuple[str, list]:
     """A condition on ``rollouts ro`` selecting the rollouts whose tokens set the quantile."""
     if rule.scope == "filter":
-        sql, params = queries.rollout_table_sql(None, replace(flt or queries.RolloutFilter(), limit=10**9))
+        sql, params = rollout_table_sql(None, replace(flt or RolloutFilter(), limit=10**9))
         return f"ro.rollout_id IN (SELECT rollout_id FROM ({sql}))", params
     if not rollout_id:
         return "TRUE", []
@@ -53,7 +54,7 @@ def scope_condition(rule: ForkRule, rollout_id: str | None,
 
 
 def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None = None,
-              flt: queries.RolloutFilter | None = None) -> Threshold:
+              flt: RolloutFilter | None = None) -> Threshold:
     """The fork threshold of ``rule`` for the scope around ``rollout_id`` (or the filter)."""
     rule.validate()
     cond, params = scope_condition(rule, rollout_id, flt)
@@ -124,7 +125,7 @@ def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> p
         SELECT rid AS rollout_id, depth FROM down""", [root])
     id_list = ids["rollout_id"].tolist()
     # only each rollout's own reward and accuracy are read (no advantage, which would need whole groups)
-    base, params = queries.scored_rollouts_sql(rule_version_id, "list_contains(?, ro.rollout_id)", [id_list])
+    base, params = scored_rollouts_sql(rule_version_id, "list_contains(?, ro.rollout_id)", [id_list])
     df = store.df(f"""
         SELECT s.rollout_id, s.group_id, s.text, s.n_tokens, s.reward, s.accuracy, s.created_at,
                ro.parent_rollout_id, ro.fork_pos, ro.forced_token_id,
@@ -249,7 +250,7 @@ def landscape(store: Store, run_id: str, rule: ForkRule = ForkRule(), bins: int 
                           FROM tokens t JOIN rollouts ro USING (rollout_id)
                           WHERE ro.run_id = ? AND t.step_idx IS NOT NULL
                           GROUP BY t.step_idx ORDER BY t.step_idx""", [run_id])
-    base, params = queries.scored_rollouts_sql(None, "ro.run_id = ?", [run_id])
+    base, params = scored_rollouts_sql(None, "ro.run_id = ?", [run_id])
     per = store.df(f"""
         SELECT s.rollout_id, coalesce(s.accuracy, 0) >= 1 AS correct, s.n_tokens,
                count(*) FILTER (WHERE t.entropy >= ?) AS forks
