@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
-
-
 _READERS: ThreadPoolExecutor | None = None
 _READERS_LOCK = threading.Lock()
 

@@ -1,4 +1,4 @@
-"""One group scored from point reads: :func:`scored_group`, equal to the scoring SQL field for field, in a fraction of its time.
+"""One group scored from point reads (:func:`scored_group`): the scoring SQL's values in a fraction of its time.
 
 Scoring one group in SQL (:func:`~studio.queries.scoring.scored_rollouts_sql` over
 ``ro.group_id = ?``) costs ~30 ms of planning and small operators, whatever the store's size.
@@ -100,7 +100,7 @@ def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: s
         adv, tokens = _gae_first(store, members, credit)
     else:  # GRPO, Dr. GRPO, RLOO (anything else reads as GRPO, as in the SQL)
         adv = _sequence_sql(key if key in GROUP_STATS else "grpo", rewards, groups)
-    for m, a in zip(members, adv):
+    for m, a in zip(members, adv, strict=True):
         m["advantage"] = a
     pids, rids = _prompt_run_ids(members)
     missing = ([p for p in pids if p not in prompts], [r for r in rids if r not in runs])
@@ -112,7 +112,6 @@ def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: s
     return ScoredGroup(gid, rule_version_id, credit, members, _listed(members), tokens)
 
 
-
 def _fetch(store: Store, sql: str, params: list) -> list[tuple]:
     """Rows as tuples, through the store's reader (its time limit, a cursor per call): for point
     reads, where building a DataFrame (:meth:`Store.df`) costs more than the read itself."""
@@ -122,7 +121,7 @@ def _fetch(store: Store, sql: str, params: list) -> list[tuple]:
 def _rollout_rows(store: Store, group_id: str) -> list[dict]:
     """The group's rollouts as dicts of the scored columns."""
     rows = _fetch(store, f"SELECT {SCORED_COLUMNS} FROM rollouts ro WHERE ro.group_id = ?", [group_id])
-    return [dict(zip(SCORED_NAMES, r)) for r in rows]
+    return [dict(zip(SCORED_NAMES, r, strict=True)) for r in rows]
 
 
 def _prompt_run_ids(members: list[dict]) -> tuple[list, list]:
@@ -140,7 +139,8 @@ def _lookups(store: Store, prompt_ids: list, run_ids: list, times: bool = False)
     of the rows that exist, in one read: the prompts and runs through their primary keys' indexes (ids
     as a list of bound values: an index lookup each), with ``times`` every rule version's time."""
     rows = _fetch(store, f"""
-        SELECT 0, prompt_id, text, gold::VARCHAR, task, NULL::TIMESTAMP FROM prompts WHERE prompt_id IN ({_marks(prompt_ids)})
+        SELECT 0, prompt_id, text, gold::VARCHAR, task, NULL::TIMESTAMP FROM prompts
+        WHERE prompt_id IN ({_marks(prompt_ids)})
         UNION ALL
         SELECT 1, run_id, name, policy, NULL, NULL FROM runs WHERE run_id IN ({_marks(run_ids)})
         UNION ALL
@@ -155,7 +155,8 @@ def _lookups(store: Store, prompt_ids: list, run_ids: list, times: bool = False)
 def _batch_keys(store: Store, where: str, params: list) -> list[dict]:
     """Rollouts matching ``where`` with only what REINFORCE++ groups and batches them by."""
     keys = ("rollout_id", "group_id", "run_id", "train_step")
-    return [dict(zip(keys, r)) for r in _fetch(store, f"SELECT {', '.join(keys)} FROM rollouts ro WHERE {where}", params)]
+    rows = _fetch(store, f"SELECT {', '.join(keys)} FROM rollouts ro WHERE {where}", params)
+    return [dict(zip(keys, r, strict=True)) for r in rows]
 
 
 def _batch_rows(store: Store, members: list[dict]) -> list[dict]:
@@ -225,7 +226,8 @@ def _picked(rewards: list[tuple], rule_version_id: str | None) -> dict[str, dict
             newest[rid] = t
         out[rid] = {"rule_version_id": v, "reward": _sql_max(total),
                     "accuracy": _sql_max([r[3] for r in rs if r[2] == "accuracy"]),
-                    "components": {r[2]: math.nan if r[3] is None else float(r[3]) for r in sorted(rs, key=lambda r: r[2])}}
+                    "components": {r[2]: math.nan if r[3] is None else float(r[3])
+                                   for r in sorted(rs, key=lambda r: r[2])}}
     return out
 
 
@@ -302,7 +304,8 @@ def _gae_first(store: Store, members: list[dict], credit: Credit) -> tuple[list,
     vals = _token_rows(store, f"""
         SELECT list({{'rollout_id': rollout_id, 'pos': pos, 'value': value, 'term': term}} ORDER BY rollout_id, pos)
         FROM (SELECT rollout_id, pos, value,
-                     pow({gl!r}, pos) * ({float(credit.gamma)!r} * lead(value, 1, 0.0) OVER (PARTITION BY rollout_id ORDER BY pos)
+                     pow({gl!r}, pos) * ({float(credit.gamma)!r}
+                                         * lead(value, 1, 0.0) OVER (PARTITION BY rollout_id ORDER BY pos)
                                          - value) AS term
               FROM token_scores WHERE policy_version = ? AND rollout_id IN (SELECT unnest(?::VARCHAR[])))""",
                        [credit.values or "", ids])

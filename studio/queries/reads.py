@@ -29,7 +29,6 @@ def rollout(store: Store, rollout_id: str, rule_version_id: str | None = None,
     return None if row is None else dict(row)
 
 
-
 def components(store: Store, rollout_ids: list[str], rule_version_id: str | None = None) -> dict[str, dict[str, float]]:
     """``{rollout_id: {component: value}}``, each rollout under the version :func:`versions_sql` picks."""
     if not rollout_ids:
@@ -79,7 +78,7 @@ def _small_df(store: Store, sql: str, params: list) -> pd.DataFrame:
     The dtypes and NULLs are ``.df()``'s (tests/test_fast_header.py checks them): nullable integers
     as ``Int32``, NULL floats as NaN, NULL strings as NaN (all NULL: None), NULL lists as ``pd.NA``."""
     types, cols = store._read(sql, params, None, lambda cur: ([str(d[1]) for d in cur.description], cur.fetchnumpy()))
-    for (name, col), kind in zip(list(cols.items()), types):
+    for (name, col), kind in zip(list(cols.items()), types, strict=True):
         if not isinstance(col, np.ma.MaskedArray):
             continue
         mask = np.ma.getmaskarray(col)
@@ -107,22 +106,25 @@ def tokens_of(store: Store, rollout_ids: list[str]) -> dict[str, pd.DataFrame]:
     # and sort together, so most rows fail it at once (a group's read ~2x faster, on 5k and on 1M rollouts)
     df = _small_df(store, f"SELECT rollout_id, {TOKEN_COLUMNS} FROM {store.tokens_between(min(ids), max(ids))} "
                    "WHERE rollout_id BETWEEN ? AND ? "
-                   "AND rollout_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY rollout_id, pos", [min(ids), max(ids), ids])
+                   "AND rollout_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY rollout_id, pos",
+                   [min(ids), max(ids), ids])
     # the rows come sorted by rollout: cut them where the id changes (a groupby took ~5x longer, on the loop's GIL)
     got = df["rollout_id"].to_numpy()
     cuts = (np.flatnonzero(got[1:] != got[:-1]) + 1).tolist()
     body = df.drop(columns="rollout_id")
-    return {got[a]: body.iloc[a:b].reset_index(drop=True) for a, b in zip([0] + cuts, cuts + [len(got)]) if b > a}
+    return {got[a]: body.iloc[a:b].reset_index(drop=True)
+            for a, b in zip([0] + cuts, cuts + [len(got)], strict=True) if b > a}
 
 
-def group(store: Store, group_id: str, rule_version_id: str | None = None, credit: Credit | None = None) -> pd.DataFrame:
+def group(store: Store, group_id: str, rule_version_id: str | None = None,
+          credit: Credit | None = None) -> pd.DataFrame:
     """All completions of one group with reward, advantage and every component as a column."""
     base, params = scored_rollouts_sql(rule_version_id, "ro.group_id = ?", [group_id], credit, components=True)
     df = store.df(f"""
         SELECT s.* EXCLUDE (_components), p.text AS prompt, p.gold, p.task, r.policy, s._components
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
         ORDER BY s.sample_idx, s.rollout_id""", params)
-    comps = {rid: _components_dict(cs) for rid, cs in zip(df["rollout_id"], df.pop("_components"))}
+    comps = {rid: _components_dict(cs) for rid, cs in zip(df["rollout_id"], df.pop("_components"), strict=True)}
     comps = {rid: d for rid, d in comps.items() if d}
     names = sorted({c for d in comps.values() for c in d if c != "total"})
     for c in names:
@@ -138,9 +140,11 @@ def groups(store: Store, run_id: str | None = None, rule_version_id: str | None 
     those groups' rows)."""
     conds, sparams = ["TRUE"], []
     if run_id:
-        conds.append("ro.run_id = ?"); sparams.append(run_id)
+        conds.append("ro.run_id = ?")
+        sparams.append(run_id)
     if group_ids is not None:
-        conds.append("ro.group_id IN (SELECT unnest(?::VARCHAR[]))"); sparams.append(list(group_ids))
+        conds.append("ro.group_id IN (SELECT unnest(?::VARCHAR[]))")
+        sparams.append(list(group_ids))
     if limit is not None:
         conds.append(f"""ro.group_id IN (SELECT group_id FROM rollouts ro WHERE {' AND '.join(conds)}
                                           GROUP BY group_id ORDER BY max(created_at) DESC NULLS LAST LIMIT ?)""")

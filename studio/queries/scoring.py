@@ -54,7 +54,8 @@ def _scoped_rewards(scope: str, narrow: bool = True) -> str:
     if scope.strip() == "TRUE":
         return "rewards rw"
     if not narrow:
-        return f"(SELECT ro.rollout_id FROM rollouts ro WHERE {scope}) sro JOIN rewards rw ON rw.rollout_id = sro.rollout_id"
+        return (f"(SELECT ro.rollout_id FROM rollouts ro WHERE {scope}) sro "
+                "JOIN rewards rw ON rw.rollout_id = sro.rollout_id")
     return f"""(WITH sro AS MATERIALIZED (SELECT ro.rollout_id FROM rollouts ro WHERE {scope})
                 SELECT rw.* FROM rewards rw
                 WHERE rw.rollout_id BETWEEN (SELECT min(rollout_id) FROM sro) AND (SELECT max(rollout_id) FROM sro)
@@ -84,10 +85,11 @@ def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: l
                     FROM {_scoped_rewards(scope, narrow)}
                     WHERE {which} AND rw.rule_version_id = ?
                     GROUP BY rw.rollout_id""", params + [rule_version_id])
-    k = ", 'k': pv.comps" if components else ""
-    return (f"""SELECT rollout_id, _p.v AS rule_version_id, _p.r AS reward, _p.a AS accuracy{", _p.k AS comps" if components else ""}
+    k, kcol = (", 'k': pv.comps", ", _p.k AS comps") if components else ("", "")
+    return (f"""SELECT rollout_id, _p.v AS rule_version_id, _p.r AS reward, _p.a AS accuracy{kcol}
                 FROM (SELECT pv.rollout_id,
-                             arg_max({{'v': pv.rule_version_id, 'r': pv.reward, 'a': pv.accuracy{k}}}, v.created_at) AS _p
+                             arg_max({{'v': pv.rule_version_id, 'r': pv.reward, 'a': pv.accuracy{k}}},
+                                     v.created_at) AS _p
                       FROM (SELECT rw.rollout_id, rw.rule_version_id, {pair},
                                    bool_or(rw.component = 'total') AS _has_total
                             FROM {_scoped_rewards(scope, narrow)}
@@ -101,6 +103,7 @@ def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: l
 SCORED_COLUMNS = ("ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text, ro.n_tokens, "
                   "ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id, ro.fork_pos, "
                   "ro.forced_token_id")
+SCORED_NAMES = tuple(c.strip().split(".", 1)[1] for c in SCORED_COLUMNS.split(","))
 
 
 def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
@@ -179,13 +182,13 @@ def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
     return "WITH " + ",\n".join(ctes) + "\n" + final, params
 
 
+# the scope of one rollout's group (one bound parameter: the rollout id)
 GROUP_OF = "ro.group_id = (SELECT group_id FROM rollouts WHERE rollout_id = ?)"
-SCORED_NAMES = tuple(c.strip().split(".", 1)[1] for c in SCORED_COLUMNS.split(","))
 
 
 def _components_dict(items) -> dict[str, float]:
     """``{component: value}`` from a ``_components`` cell of :func:`scored_rollouts_sql` (NULL values
-    as NaN, as :func:`components` gives them)."""
+    as NaN, as :func:`~studio.queries.reads.components` gives them)."""
     if not hasattr(items, "__len__"):  # NULL: no components (None or pd.NA)
         return {}
     return {it["c"]: float("nan") if it["v"] is None else float(it["v"]) for it in items}

@@ -62,13 +62,17 @@ def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
     """The conditions of ``f`` on ``rollouts ro`` that keep or drop whole groups, and their values."""
     conds, params = ["TRUE"], []
     if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
-        conds.append("ro.run_id = ?"); params.append(f.run_id)
+        conds.append("ro.run_id = ?")
+        params.append(f.run_id)
     if f.group_id:
-        conds.append("ro.group_id = ?"); params.append(f.group_id)
+        conds.append("ro.group_id = ?")
+        params.append(f.group_id)
     if f.train_step is not None:  # a group is sampled within one step: whole groups again
-        conds.append("ro.train_step = ?"); params.append(int(f.train_step))
+        conds.append("ro.train_step = ?")
+        params.append(int(f.train_step))
     if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
-        conds.append(f"ro.rollout_id IN ({DESCENDANTS})"); params.append(f.branches_of)
+        conds.append(f"ro.rollout_id IN ({DESCENDANTS})")
+        params.append(f.branches_of)
     return conds, params
 
 
@@ -117,10 +121,12 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     elif f.correct is False:
         on_rewards.append("coalesce(s.accuracy, 0) < 1")
     if f.reward_min is not None:
-        on_rewards.append("s.reward >= ?"); wparams.append(float(f.reward_min))
+        on_rewards.append("s.reward >= ?")
+        wparams.append(float(f.reward_min))
     if f.reward_max is not None:
-        on_rewards.append("s.reward <= ?"); wparams.append(float(f.reward_max))
-    # a prompt text alone picks rollouts from all over the store: their ids span it (see _scoped_rewards)
+        on_rewards.append("s.reward <= ?")
+        wparams.append(float(f.reward_max))
+    # a prompt text alone picks rollouts from all over the store: their ids span it (see scoring._scoped_rewards)
     narrow = not (f.prompt_contains and groups == ["TRUE"])
     shown = " AND ".join(rows)
     order = _table_order("s", "p")
@@ -140,7 +146,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     elif sort is not None:  # by a column of the rollouts: the page is cut from them alone
         column, descending = sort
         ctes.append(f"""page AS MATERIALIZED (
-            SELECT ro.rollout_id, ro.group_id FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
+            SELECT ro.rollout_id, ro.group_id
+            FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
             WHERE {shown}
             ORDER BY {ROLLOUT_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {_table_order("ro", "p")}
             LIMIT ? OFFSET ?)""")
@@ -154,7 +161,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         # without a creation time sort last and are always looked at.
         n = int(f.limit) + int(offset)  # rows up to the page's last
         keep = f"{shown} AND ro.prompt_id IN (SELECT prompt_id FROM prompts) AND ro.run_id IN (SELECT run_id FROM runs)"
-        ctes += [f"cut0 AS (SELECT ro.created_at FROM rollouts ro WHERE {shown} ORDER BY ro.created_at DESC LIMIT 1 OFFSET ?)",
+        ctes += [f"""cut0 AS (SELECT ro.created_at FROM rollouts ro WHERE {shown}
+                              ORDER BY ro.created_at DESC LIMIT 1 OFFSET ?)""",
                  f"""cut AS (SELECT CASE WHEN (SELECT count(*) FROM rollouts ro
                                           WHERE {keep} AND ro.created_at >= (SELECT created_at FROM cut0)) >= ?
                                     THEN (SELECT created_at FROM cut0) END AS created_at)""",
@@ -234,7 +242,8 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     if not _keeps_by_reward(f):
         conds, params = _whole_group_conditions(f)
         if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
-            conds.append("contains(lower(p.text), lower(?))"); params.append(f.prompt_contains.strip())
+            conds.append("contains(lower(p.text), lower(?))")
+            params.append(f.prompt_contains.strip())
         return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
                                     JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))
     sql, params = rollout_table_sql(rule_version_id, replace(f, limit=1 << 62), credit)
