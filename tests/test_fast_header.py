@@ -23,6 +23,8 @@ from sample_data import ROLLOUTS_DIR
 from studio import queries
 from studio.ingest.importers import import_run
 from studio.queries import credit
+from studio.queries.reads import _small_df
+from studio.queries.scoring import _components_dict
 from studio.signals.advantages import Credit, reinforce_pp, whiten
 from studio.signals.steps import Segmenter
 from studio.store import Store
@@ -43,7 +45,7 @@ def sql_rows(store: Store, group_id: str, rv: str | None, cr: Credit) -> dict[st
         FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)""", params)
     out = {}
     for rec in df.to_dict("records"):
-        rec["components"] = queries._components_dict(rec.pop("_components"))
+        rec["components"] = _components_dict(rec.pop("_components"))
         out[rec["rollout_id"]] = rec
     return out
 
@@ -58,7 +60,7 @@ def sql_rollout(store: Store, rollout_id: str, rv: str | None, cr: Credit) -> di
     if rows.empty:
         return None
     out = rows.drop(columns="_components").iloc[0].to_dict()
-    out["components"] = queries._components_dict(rows["_components"].iloc[0])
+    out["components"] = _components_dict(rows["_components"].iloc[0])
     return out
 
 
@@ -349,7 +351,7 @@ def test_token_reads_have_store_df_s_dtypes(cases):
                  ("BOOLEAN", "true"), ("DOUBLE", "2.5"), ("TIMESTAMP", "TIMESTAMP '2024-01-02 03:04:05'")):
         for q in (f"SELECT {v}::{t} AS a UNION ALL SELECT {v}::{t}", f"SELECT {v}::{t} AS a UNION ALL SELECT NULL",
                   f"SELECT NULL::{t} AS a UNION ALL SELECT NULL", f"SELECT {v}::{t} AS a WHERE false"):
-            pd.testing.assert_frame_equal(queries._small_df(store, q, []), store.df(q), obj=q)
+            pd.testing.assert_frame_equal(_small_df(store, q, []), store.df(q), obj=q)
 
 
 def test_a_group_s_tokens_read_at_once_equal_each_rollout_s(cases):

@@ -11,6 +11,7 @@ import pytest
 
 from studio.queries import timeline as tl
 from studio.queries.timeline import Side
+from studio.signals import stats as st
 from studio.store import Store
 
 VERSION = "imported@test"
@@ -190,23 +191,23 @@ def test_movers_order_on_a_literal_frame():
 # -- paired statistics on literal cases -------------------------------------------------------
 
 def test_sign_test_literal_cases():
-    assert tl.sign_test_p(8, 2) == pytest.approx(112 / 1024)  # 2 * (1 + 10 + 45) / 2**10
-    assert tl.sign_test_p(10, 0) == pytest.approx(2 / 1024)  # 2 * 1 / 2**10
-    assert tl.sign_test_p(0, 10) == pytest.approx(2 / 1024)  # symmetric
-    assert tl.sign_test_p(5, 5) == 1.0 and tl.sign_test_p(0, 0) == 1.0
-    assert tl.sign_test_p(60, 40) == pytest.approx(0.056887933640115, rel=1e-9)  # scipy.stats.binomtest(60, 100)
+    assert st.sign_test_p(8, 2) == pytest.approx(112 / 1024)  # 2 * (1 + 10 + 45) / 2**10
+    assert st.sign_test_p(10, 0) == pytest.approx(2 / 1024)  # 2 * 1 / 2**10
+    assert st.sign_test_p(0, 10) == pytest.approx(2 / 1024)  # symmetric
+    assert st.sign_test_p(5, 5) == 1.0 and st.sign_test_p(0, 0) == 1.0
+    assert st.sign_test_p(60, 40) == pytest.approx(0.056887933640115, rel=1e-9)  # scipy.stats.binomtest(60, 100)
 
 
 def test_wilcoxon_literal_cases():
     d = [0.5, -0.2, 0.3, 0.1]  # |d| ranks 4, 2, 3, 1: W+ = 4 + 3 + 1 = 8
     # exact: 3 of the 16 sign patterns have W+ >= 8 ({4,3,1}, {4,3,2}, {4,3,2,1}); two-sided 6/16
-    assert tl.wilcoxon_p(d) == pytest.approx(6 / 16)
+    assert st.wilcoxon_p(d) == pytest.approx(6 / 16)
     # normal: mu = 4*5/4 = 5, var = 4*5*9/24 = 7.5, z = 3/sqrt(7.5) = 1.0954, p = erfc(z / sqrt 2) = 0.27332
-    assert tl.wilcoxon_normal_p(d) == pytest.approx(0.273321678, rel=1e-6)
+    assert st.wilcoxon_normal_p(d) == pytest.approx(0.273321678, rel=1e-6)
     # ties: |d| = 1, 1, 1, 2 -> ranks 2, 2, 2, 4; W+ = 8; var = 7.5 - (27 - 3)/48 = 7; z = 3/sqrt(7)
-    assert tl.wilcoxon_normal_p([1, 1, -1, 2]) == pytest.approx(math.erfc(3 / math.sqrt(7) / math.sqrt(2)))
-    assert tl.wilcoxon_normal_p([0.0, 0.0]) == 1.0 and tl.wilcoxon_p([0.0, 0.0]) == 1.0  # no change at all
-    assert tl.wilcoxon_normal_p([0.0, 1.0, 2.0]) == tl.wilcoxon_normal_p([1.0, 2.0])  # zeros dropped
+    assert st.wilcoxon_normal_p([1, 1, -1, 2]) == pytest.approx(math.erfc(3 / math.sqrt(7) / math.sqrt(2)))
+    assert st.wilcoxon_normal_p([0.0, 0.0]) == 1.0 and st.wilcoxon_p([0.0, 0.0]) == 1.0  # no change at all
+    assert st.wilcoxon_normal_p([0.0, 1.0, 2.0]) == st.wilcoxon_normal_p([1.0, 2.0])  # zeros dropped
 
 
 def test_wilcoxon_normal_matches_scipy():
@@ -216,33 +217,33 @@ def test_wilcoxon_normal_matches_scipy():
         d = np.round(rng.normal(0.1, 1, n), 1)  # rounded: tied |d| values
         d = d[d != 0]
         ref = stats.wilcoxon(d, method="approx", correction=False).pvalue
-        assert tl.wilcoxon_normal_p(d) == pytest.approx(ref, rel=1e-9)
+        assert st.wilcoxon_normal_p(d) == pytest.approx(ref, rel=1e-9)
 
 
 def test_bootstrap_interval_literal_cases(monkeypatch):
     # d = [0, 0, 3]: a resample's mean is K (the count of 3s drawn), K ~ Bin(3, 1/3):
     # P(K=0) = 8/27, P(K<=2) = 26/27 < 0.975 -> the 2.5th percentile is 0 and the 97.5th is 3
-    assert tl.bootstrap_ci([0, 0, 3])[:2] == (0.0, 3.0)
-    assert tl.bootstrap_ci([0.2] * 5)[:2] == pytest.approx((0.2, 0.2))  # no spread, no width
-    assert tl.bootstrap_ci([0.7]) == (0.7, 0.7, "bootstrap")
-    assert tl.bootstrap_ci([0, 1, 2, 5], seed=1) == tl.bootstrap_ci([0, 1, 2, 5], seed=1)  # seeded
-    lo, hi, method = tl.bootstrap_ci([])
+    assert st.bootstrap_ci([0, 0, 3])[:2] == (0.0, 3.0)
+    assert st.bootstrap_ci([0.2] * 5)[:2] == pytest.approx((0.2, 0.2))  # no spread, no width
+    assert st.bootstrap_ci([0.7]) == (0.7, 0.7, "bootstrap")
+    assert st.bootstrap_ci([0, 1, 2, 5], seed=1) == st.bootstrap_ci([0, 1, 2, 5], seed=1)  # seeded
+    lo, hi, method = st.bootstrap_ci([])
     assert math.isnan(lo) and math.isnan(hi) and method == "none"
     # past the draw budget: mean ± 1.96·sd/√n; d = 0..4: mean 2, sd = √2.5, half = 1.96·√2.5/√5 = 1.3859
-    monkeypatch.setattr(tl, "BOOT_MAX_DRAWS", 10)
-    lo, hi, method = tl.bootstrap_ci([0, 1, 2, 3, 4])
+    monkeypatch.setattr(st, "BOOT_MAX_DRAWS", 10)
+    lo, hi, method = st.bootstrap_ci([0, 1, 2, 3, 4])
     assert method == "normal" and (lo, hi) == pytest.approx((2 - 1.385904, 2 + 1.385904), rel=1e-5)
 
 
 def test_bootstrap_agrees_with_the_normal_interval_on_many_pairs():
     d = np.random.default_rng(0).normal(0.3, 1.0, 2000)
-    lo, hi, _ = tl.bootstrap_ci(d)
+    lo, hi, _ = st.bootstrap_ci(d)
     half = 1.96 * d.std(ddof=1) / math.sqrt(len(d))
     assert lo == pytest.approx(d.mean() - half, abs=0.01) and hi == pytest.approx(d.mean() + half, abs=0.01)
 
 
 def test_paired_stats_literal():
-    s = tl.paired_stats([0.0, 0.75, 0.5, 0.5], [1.0, 0.25, 0.5, 1.0])  # d = +1, -0.5, 0, +0.5
+    s = st.paired_stats([0.0, 0.75, 0.5, 0.5], [1.0, 0.25, 0.5, 1.0])  # d = +1, -0.5, 0, +0.5
     assert s["n"] == 4 and s["mean_delta"] == pytest.approx(0.25)
     assert (s["wins"], s["ties"], s["losses"]) == (2, 1, 1)
     assert s["p_sign"] == 1.0  # 2 * P(X <= 1 | n = 3) = 2 * 4/8

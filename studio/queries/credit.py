@@ -1,20 +1,21 @@
-"""Credit under the tokens: per-token advantages by estimator, steps, and step rewards.
+"""Credit under the tokens, as read from the store: per-token advantages, steps, step rewards.
 
 - :func:`token_advantages`: one rollout's advantage per token under a
   :class:`~studio.signals.advantages.Credit` (sequence estimators broadcast; KL in the reward and
-  GAE vary along the tokens).
-- :class:`Segmenter`: steps by delimiter, regex, newline or tag, as character spans;
-  :func:`token_spans` maps them onto tokens.
+  GAE vary along the tokens); :func:`compare_estimators`: every rollout of a run under two.
+- :func:`steps_of`: a rollout's steps under a :class:`~studio.signals.steps.Segmenter` (or the
+  task's own ``step_idx``), as token ranges.
 - :func:`rollout_view`: what a click on a rollout reads for the token strip, each thing once.
-- Step rewards from several sources (:func:`step_rewards`): a rule's ``step_reward`` or a
-  process reward model (stored in ``step_rewards``), information gain (IGPO: the change in
-  P(gold answer) step by step, teacher-forced with the policy, :func:`information_gain`),
-  and the implicit process reward β·Σ log(π/π_ref) over a step (PRIME, from stored
-  reference log-probs).
-- :func:`aggregate` and :func:`gated` turn step rewards into an outcome;
-  :func:`step_advantages` normalises them within a group (process supervision).
+- :func:`step_rewards`: one rollout's step rewards from a stored source (a rule's
+  ``step_reward``, a process reward model, information gain: ``studio.runs.credit_models``
+  writes the last two) or :data:`IMPLICIT`, the implicit process reward β·Σ log(π/π_ref) over a
+  step (PRIME, from stored reference log-probs); :func:`group_step_advantages` normalises them
+  within the rollout's group (process supervision).
 - Group diagnostics: :func:`all_equal_by_step`, :func:`prompt_stats` (variance, pass rate,
   difficulty band).
+
+The formulas are :mod:`studio.signals`' pure functions (:mod:`~studio.signals.advantages`,
+:mod:`~studio.signals.steps`); this module reads what they need.
 """
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from studio import queries
+from studio.queries.ahead import read_ahead, settled
+from studio.queries.points import ScoredGroup, scored_group
+from studio.queries.reads import tokens as read_tokens
+from studio.queries.scoring import scored_rollouts_sql
+from studio.queries.table import RolloutFilter, rollout_table
 from studio.signals.advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
 from studio.signals.steps import Segmenter, band, step_advantages, token_spans
 from studio.store import Store
 
 IMPLICIT = "implicit"  # the step-reward source computed from reference log-probs
+PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores version of process models
 
 
 # ---------------------------------------------------------------------------- per-token advantages
@@ -41,10 +47,10 @@ class TokenCredit:
 
 
 def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
-                     scored: queries.ScoredGroup | None = None) -> TokenCredit:
+                     scored: ScoredGroup | None = None) -> TokenCredit:
     """The rollout's advantage per token under ``credit`` (see :mod:`studio.signals.advantages`).
 
-    ``scored``: the rollout's group as :func:`queries.scored_group` scored it under the same
+    ``scored``: the rollout's group as :func:`scored_group` scored it under the same
     ``credit`` and version (the token strip has it from the header); read afresh when not given
     or not that.
     """
@@ -53,7 +59,7 @@ def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version
         return TokenCredit(None, None, credit.missing)
     if (scored is None or scored.credit != credit or scored.rule_version_id != rule_version_id
             or scored.row(rollout_id) is None):
-        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+        scored = scored_group(store, rollout_id, rule_version_id, credit)
     row = scored.row(rollout_id)
     if row is None:
         return TokenCredit(None, None, "rollout not in this store")
@@ -78,7 +84,8 @@ def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version
     if credit.estimator == "gae":
         v = _floats([t["value"] for t in scored.tokens.get(rollout_id, [])])  # the critic's values, in position order
         if len(v) != n or np.isnan(v).any() or pd.isna(row["reward"]):
-            return TokenCredit(None, None, f"no values from {credit.values} for this rollout (score it with the critic)")
+            return TokenCredit(None, None,
+                               f"no values from {credit.values} for this rollout (score it with the critic)")
         adv = gae(outcome_rewards(n, float(row["reward"])), v, credit.gamma, credit.lam)
         return TokenCredit(adv, seq)
     return TokenCredit(None if seq is None else np.full(n, seq), seq)
@@ -89,17 +96,13 @@ def _floats(xs: list) -> np.ndarray:
     return np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
 
 
-def _group_of(store: Store, rollout_id: str) -> str:
-    return store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id]) or ""
-
-
 def compare_estimators(store: Store, a: Credit, b: Credit, run_id: str | None = None,
                        rule_version_id: str | None = None) -> pd.DataFrame:
     """Every rollout of the scope under two estimators: ``adv_a``, ``adv_b``, their
     difference, whether the sign flips, and the rank of each within its group."""
-    f = queries.RolloutFilter(run_id=run_id, limit=10**9)
-    ta = queries.rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
-    tb = queries.rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
+    f = RolloutFilter(run_id=run_id, limit=10**9)
+    ta = rollout_table(store, f, rule_version_id, a)[["rollout_id", "prompt", "group_id", "reward", "advantage"]]
+    tb = rollout_table(store, f, rule_version_id, b)[["rollout_id", "advantage"]]
     df = ta.rename(columns={"advantage": "adv_a"}).merge(tb.rename(columns={"advantage": "adv_b"}), on="rollout_id")
     df["diff"] = df["adv_b"] - df["adv_a"]
     df["sign_flip"] = (np.sign(df["adv_a"].round(9)) * np.sign(df["adv_b"].round(9))) < 0
@@ -112,12 +115,12 @@ def compare_estimators(store: Store, a: Credit, b: Credit, run_id: str | None = 
 # ---------------------------------------------------------------------------- steps
 
 
-def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),
+def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),  # noqa: B008  (a frozen dataclass)
              tokens: pd.DataFrame | None = None) -> pd.DataFrame:
     """The rollout's steps: ``step_idx``, ``start_pos``, ``end_pos`` (token range), ``text``
     and ``char_end`` (where the step ends in the completion). Special tokens (``<eos>``)
     count as no text. ``tokens``: the rollout's tokens in order (``token_text``, ``step_idx``),
-    when the caller has read them (:func:`queries.tokens`)."""
+    when the caller has read them (:func:`~studio.queries.reads.tokens`)."""
     if tokens is None:
         tokens = store.df(f"SELECT token_text, step_idx FROM {store.tokens_between(rollout_id, rollout_id)} "
                           "WHERE rollout_id = ? ORDER BY pos", [rollout_id])
@@ -158,18 +161,18 @@ class RolloutView:
     tokens: pd.DataFrame  # queries.tokens
     credit: TokenCredit  # per-token advantages under the view's estimator
     steps: pd.DataFrame  # steps_of under the view's segmentation
-    group: queries.ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
+    group: ScoredGroup  # the rollout's group, scored as the header was (the group view can draw it)
 
 
 def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
-                 seg: Segmenter = Segmenter()) -> RolloutView | None:
+                 seg: Segmenter = Segmenter()) -> RolloutView | None:  # noqa: B008  (a frozen dataclass)
     """Everything a click on a rollout reads for the token strip (None when the rollout is not in
-    the store): its group scored once (:func:`queries.scored_group`) gives the header and the
+    the store): its group scored once (:func:`scored_group`) gives the header and the
     per-token advantages, and its tokens read once give the strip and the steps. Settings that
     are wrong raise ``ValueError`` (an estimator's, a segmentation's)."""
-    ahead = queries.read_ahead(queries.tokens, store, rollout_id)  # read beside the group: it needs nothing from it
-    with queries.settled(lambda: ahead):
-        scored = queries.scored_group(store, rollout_id, rule_version_id, credit)
+    ahead = read_ahead(read_tokens, store, rollout_id)  # read beside the group: it needs nothing from it
+    with settled(lambda: ahead):
+        scored = scored_group(store, rollout_id, rule_version_id, credit)
     ro = scored.row(rollout_id)
     toks = ahead.result()
     if ro is None:
@@ -186,7 +189,7 @@ def step_sources(store: Store) -> list[str]:
         "SELECT DISTINCT source FROM step_rewards ORDER BY 1").fetchall()]
 
 
-def step_rewards(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+def step_rewards(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),  # noqa: B008  (a frozen dataclass)
                  reference: str | None = None, beta: float = 0.05) -> pd.DataFrame:
     """One rollout's step rewards from ``source``: ``step_idx, start_pos, end_pos, value``.
 
@@ -199,19 +202,24 @@ def step_rewards(store: Store, rollout_id: str, source: str, seg: Segmenter = Se
         if not reference or steps.empty:
             return steps.assign(value=np.nan).iloc[:0]
         t = store.df("""SELECT t.pos, t.logprob - sc.logprob AS lr FROM tokens t
-                        JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos AND sc.policy_version = ?
+                        JOIN token_scores sc ON sc.rollout_id = t.rollout_id AND sc.pos = t.pos
+                             AND sc.policy_version = ?
                         WHERE t.rollout_id = ? ORDER BY t.pos""", [reference, rollout_id])
         if t.empty:
             return steps.assign(value=np.nan).iloc[:0]
-        lr = dict(zip(t["pos"], t["lr"]))
+        lr = dict(zip(t["pos"], t["lr"], strict=True))
         steps["value"] = [beta * sum(lr.get(p, 0.0) for p in range(a, b + 1))
-                          for a, b in zip(steps["start_pos"], steps["end_pos"])]
+                          for a, b in zip(steps["start_pos"], steps["end_pos"], strict=True)]
         return steps
     return store.df("""SELECT step_idx, start_pos, end_pos, value FROM step_rewards
                        WHERE rollout_id = ? AND source = ? ORDER BY step_idx""", [rollout_id, source])
 
 
-def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),
+def _group_of(store: Store, rollout_id: str) -> str:
+    return store.scalar("SELECT group_id FROM rollouts WHERE rollout_id = ?", [rollout_id]) or ""
+
+
+def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segmenter = Segmenter(),  # noqa: B008  (a frozen dataclass)
                           reference: str | None = None, beta: float = 0.05) -> dict[int, float]:
     """The per-step advantages of one rollout under :func:`step_advantages`, normalised over
     the step rewards from ``source`` of every completion in its group (those without step
@@ -232,10 +240,7 @@ def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segme
     order = list(per)
     adv = step_advantages([per[r]["value"].to_numpy(dtype=np.float64) for r in order])
     mine = per[rollout_id]
-    return dict(zip(mine["step_idx"].astype(int), adv[order.index(rollout_id)].tolist()))
-
-
-PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores version of process models
+    return dict(zip(mine["step_idx"].astype(int), adv[order.index(rollout_id)].tolist(), strict=True))
 
 
 # ---------------------------------------------------------------------------- group diagnostics
@@ -243,7 +248,7 @@ PRM_PREFIX, VALUE_PREFIX = "prm-", "value-"  # step-reward source / token_scores
 def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = None) -> pd.DataFrame:
     """Per training step of a run: groups, the share whose rewards are all equal (no
     learning signal), and the mean reward. Runs without steps read as one step (0)."""
-    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
+    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?", [run_id])
     return store.df(f"""
         SELECT step, count(*) AS groups, avg(CASE WHEN all_equal THEN 1.0 ELSE 0.0 END) AS all_equal_share,
                avg(mean_reward) AS mean_reward
@@ -255,7 +260,7 @@ def all_equal_by_step(store: Store, run_id: str, rule_version_id: str | None = N
 
 def prompt_stats(store: Store, run_id: str | None = None, rule_version_id: str | None = None) -> pd.DataFrame:
     """Per prompt: completions, pass rate, reward mean and variance (sample), and its band."""
-    base, params = queries.scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
+    base, params = scored_rollouts_sql(rule_version_id, "ro.run_id = ?" if run_id else "TRUE",
                                                [run_id] if run_id else [])
     df = store.df(f"""
         SELECT p.text AS prompt, count(*) AS n, avg(CASE WHEN s.accuracy >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,

@@ -1,24 +1,22 @@
-"""Entropy forks as read from the store: fork thresholds over a scope, rollout trees, branch values, the landscape.
+"""Entropy forks as read from the store: fork thresholds, rollout trees with their branch values, the landscape.
 
 A *forking token* is one whose entropy is at or above the (1 - q) quantile of the token
-entropies in a scope (a run, one training step of a run, or the rollouts the table filter
-keeps), or above an absolute threshold in nats. With linear interpolation between order
-statistics this is exactly TRL's ``top_entropy_quantile`` rule
-(``GRPOTrainer.get_high_entropy_mask``: ``torch.quantile(entropies, 1 - q)`` over the
-batch's completion tokens, keep ``entropy >= threshold``), where the batch is one
-training step; DuckDB's ``quantile_cont`` and numpy's default ``quantile`` interpolate the
-same way.
+entropies in a scope, or above an absolute threshold in nats (the rule, TRL's
+``top_entropy_quantile``: :class:`~studio.signals.forks.ForkRule`). :func:`threshold` computes
+it over a scope of the store: a run, one training step of a run, or the rollouts the table
+filter keeps; :func:`landscape` shows where a run's entropy sits, and :func:`entropy_changes`
+where it moved between the stored policy and another one that re-scored the rollouts.
 
-*Branching* continues a stored rollout from a fork: the prefix before it is kept, the
-token at it is forced to a chosen alternative (or drawn again, "as sampled"), and the rest
-is sampled ``n`` times per choice in the worker, then scored with the reward rule. The
-mean reward of a branch is a Monte Carlo estimate of the value of that choice,
-Q(prefix, token). A fork whose branch values differ by at least ``PIVOTAL_SPREAD`` is
-*pivotal*: the choice there decides the outcome.
-
+*Branching* (:mod:`studio.runs.branch`) continues a stored rollout from a fork: the prefix
+before it is kept, the token at it is forced to a chosen alternative (or drawn again, "as
+sampled"), and the rest is sampled ``n`` times per choice, then scored with the reward rule.
 Branch rollouts are ordinary rollouts with ``parent_rollout_id``, ``fork_pos`` and
 ``forced_token_id`` (NULL when the token was drawn again); one request is one run (kind
 ``branch``) and one group, so GRPO advantages compare the continuations of one fork.
+:func:`tree` reads a rollout's tree back and :func:`forks` its forks: the mean reward of a
+branch is a Monte Carlo estimate of the value of that choice, Q(prefix, token), and a fork
+whose branch values differ by at least ``PIVOTAL_SPREAD`` is *pivotal*: the choice there
+decides the outcome.
 """
 from __future__ import annotations
 
@@ -27,21 +25,22 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from studio import queries
+from studio.queries.scoring import scored_rollouts_sql
+from studio.queries.table import RolloutFilter, rollout_table_sql
 from studio.signals.forks import ForkRule, Threshold
 from studio.store import Store
 
 PIVOTAL_SPREAD = 0.5  # reward units between the best and worst branch of a fork
 
 
-# ---------------------------------------------------------------------------- fork rule
+# ---------------------------------------------------------------------------- fork threshold
 
 
 def scope_condition(rule: ForkRule, rollout_id: str | None,
-                    flt: queries.RolloutFilter | None = None) -> tuple[str, list]:
+                    flt: RolloutFilter | None = None) -> tuple[str, list]:
     """A condition on ``rollouts ro`` selecting the rollouts whose tokens set the quantile."""
     if rule.scope == "filter":
-        sql, params = queries.rollout_table_sql(None, replace(flt or queries.RolloutFilter(), limit=10**9))
+        sql, params = rollout_table_sql(None, replace(flt or RolloutFilter(), limit=10**9))
         return f"ro.rollout_id IN (SELECT rollout_id FROM ({sql}))", params
     if not rollout_id:
         return "TRUE", []
@@ -52,8 +51,8 @@ def scope_condition(rule: ForkRule, rollout_id: str | None,
     return run, [rollout_id]
 
 
-def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None = None,
-              flt: queries.RolloutFilter | None = None) -> Threshold:
+def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None = None,  # noqa: B008  (a frozen dataclass)
+              flt: RolloutFilter | None = None) -> Threshold:
     """The fork threshold of ``rule`` for the scope around ``rollout_id`` (or the filter)."""
     rule.validate()
     cond, params = scope_condition(rule, rollout_id, flt)
@@ -71,7 +70,7 @@ def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None 
     return Threshold(None if pd.isna(value) else float(value), int(n), None if pd.isna(share) else float(share), rule)
 
 
-# ---------------------------------------------------------------------------- branching
+# ---------------------------------------------------------------------------- trees
 
 
 def depth_of(store: Store, rollout_id: str) -> int:
@@ -85,13 +84,12 @@ def depth_of(store: Store, rollout_id: str) -> int:
         SELECT count(rid) FROM up""", [rollout_id]) or 0)
 
 
-# ---------------------------------------------------------------------------- trees
-
 def lineage(store: Store, rollout_id: str) -> tuple[str | None, int] | None:
     """``(parent rollout id, number of branches taken from it)`` of ``rollout_id`` in one read;
     None when it is not stored. ``(None, 0)``: its tree is itself alone (most rollouts), and
     :func:`tree` has nothing to add."""
-    df = store.df("""SELECT parent_rollout_id AS parent, (SELECT count(*) FROM rollouts c WHERE c.parent_rollout_id = ?) AS n
+    df = store.df("""SELECT parent_rollout_id AS parent,
+                             (SELECT count(*) FROM rollouts c WHERE c.parent_rollout_id = ?) AS n
                       FROM rollouts WHERE rollout_id = ?""", [rollout_id, rollout_id])
     if df.empty:
         return None
@@ -110,7 +108,8 @@ def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> p
         WITH RECURSIVE up(rid, parent, depth) AS (
             SELECT rollout_id, parent_rollout_id, 0 FROM rollouts WHERE rollout_id = ?
             UNION ALL
-            SELECT ro.rollout_id, ro.parent_rollout_id, up.depth + 1 FROM up JOIN rollouts ro ON ro.rollout_id = up.parent
+            SELECT ro.rollout_id, ro.parent_rollout_id, up.depth + 1
+            FROM up JOIN rollouts ro ON ro.rollout_id = up.parent
             WHERE up.depth < 100)
         SELECT rid FROM up ORDER BY depth DESC LIMIT 1""", [rollout_id])
     if root is None:
@@ -124,7 +123,7 @@ def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> p
         SELECT rid AS rollout_id, depth FROM down""", [root])
     id_list = ids["rollout_id"].tolist()
     # only each rollout's own reward and accuracy are read (no advantage, which would need whole groups)
-    base, params = queries.scored_rollouts_sql(rule_version_id, "list_contains(?, ro.rollout_id)", [id_list])
+    base, params = scored_rollouts_sql(rule_version_id, "list_contains(?, ro.rollout_id)", [id_list])
     df = store.df(f"""
         SELECT s.rollout_id, s.group_id, s.text, s.n_tokens, s.reward, s.accuracy, s.created_at,
                ro.parent_rollout_id, ro.fork_pos, ro.forced_token_id,
@@ -198,13 +197,15 @@ def forks(store: Store, tree_df: pd.DataFrame) -> list[Fork]:
     out = []
     for (parent, pos), part in kids.groupby(["parent_rollout_id", "fork_pos"], sort=False):
         pt = ptoks.get((parent, int(pos)))
-        probs = {int(i): float(np.exp(lp)) for i, lp in zip(pt.topk_ids, pt.topk_logprobs)} if pt is not None else {}
+        probs = ({int(i): float(np.exp(lp)) for i, lp in zip(pt.topk_ids, pt.topk_logprobs, strict=False)}
+                 if pt is not None else {})
         branches = []
         for forced, sub in part.groupby(part["forced_token_id"].astype("Int64").fillna(-1), sort=False):
             forced = None if int(forced) < 0 else int(forced)
             label = "as sampled" if forced is None else sub["fork_token_text"].iloc[0]
             branches.append(Branch(label, forced, sub["rollout_id"].tolist(), sub["reward"].astype(float).tolist(),
-                                   (sub["accuracy"].fillna(0) >= 1).tolist(), probs.get(forced) if forced is not None else None))
+                                   (sub["accuracy"].fillna(0) >= 1).tolist(),
+                                   probs.get(forced) if forced is not None else None))
         branches.sort(key=lambda b: (b.token_id is not None, -(b.p or 0)))
         out.append(Fork(parent, int(pos), pt.token_text if pt is not None else "?",
                         float(pt.entropy) if pt is not None and pt.entropy is not None else None, branches))
@@ -232,7 +233,7 @@ class Landscape:
         return self.threshold.share
 
 
-def landscape(store: Store, run_id: str, rule: ForkRule = ForkRule(), bins: int = 40) -> Landscape:
+def landscape(store: Store, run_id: str, rule: ForkRule = ForkRule(), bins: int = 40) -> Landscape:  # noqa: B008  (a frozen dataclass)
     """Histogram, mean entropy by position and by step, and forks per rollout split by
     correctness, for one run's rollouts (the quantile's scope is the run)."""
     rule = replace(rule, scope="run")
@@ -249,12 +250,13 @@ def landscape(store: Store, run_id: str, rule: ForkRule = ForkRule(), bins: int 
                           FROM tokens t JOIN rollouts ro USING (rollout_id)
                           WHERE ro.run_id = ? AND t.step_idx IS NOT NULL
                           GROUP BY t.step_idx ORDER BY t.step_idx""", [run_id])
-    base, params = queries.scored_rollouts_sql(None, "ro.run_id = ?", [run_id])
+    base, params = scored_rollouts_sql(None, "ro.run_id = ?", [run_id])
     per = store.df(f"""
         SELECT s.rollout_id, coalesce(s.accuracy, 0) >= 1 AS correct, s.n_tokens,
                count(*) FILTER (WHERE t.entropy >= ?) AS forks
         FROM ({base}) s JOIN tokens t USING (rollout_id)
-        GROUP BY s.rollout_id, s.accuracy, s.n_tokens""", [thr.value if thr.value is not None else float("inf")] + params)
+        GROUP BY s.rollout_id, s.accuracy, s.n_tokens""",
+                   [thr.value if thr.value is not None else float("inf")] + params)
     mass = (float(ent[ent >= thr.value].sum() / ent.sum())
             if thr.value is not None and ent.size and ent.sum() > 0 else None)
     return Landscape(thr, edges, counts, by_pos, by_step, per, int(ent.size), mass)

@@ -52,7 +52,7 @@ def rule_versions_by_kind(store: Store) -> list[tuple[str, bool]]:
     """``(version id, is a reward model's)`` for every rule version, newest first."""
     vs = store.df("""SELECT rule_version_id AS v, coalesce(starts_with(source, '# reward model'), false) AS rm
                      FROM rule_versions ORDER BY created_at DESC, rule_version_id""")
-    return [(v, bool(rm)) for v, rm in zip(vs["v"], vs["rm"])]
+    return [(v, bool(rm)) for v, rm in zip(vs["v"], vs["rm"], strict=True)]
 
 
 def source_runs(store: Store) -> pd.DataFrame:

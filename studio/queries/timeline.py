@@ -3,37 +3,27 @@ compared on the prompts they share.
 
 Every query is scoped to what it shows: a prompt's timeline reads that prompt's rollouts
 and their tokens, a step's list one (prompt, run, step) slice, a diff the rollouts of its
-two sides. Rewards are each rollout's total under the version :func:`queries.versions_sql`
-picks (or the one asked for); user values are always bound parameters.
+two sides. Rewards are each rollout's total under the version
+:func:`~studio.queries.scoring.versions_sql` picks (or the one asked for); user values are always
+bound parameters.
 
-The diff pairs prompts: per shared prompt, d = mean reward on side B - mean reward on side A.
-
-- Mean Δ with a paired bootstrap 95% interval: resample the prompts (the pairs) with
-  replacement, ``N_BOOT`` times, seeded; the interval is the 2.5th and 97.5th percentiles of
-  the resampled means (Efron's percentile interval). Past ``BOOT_MAX_DRAWS`` draws the
-  interval is the normal one, mean ± 1.96·sd/√n, which the bootstrap converges to.
-- Wilcoxon signed-rank test on the d ≠ 0 (scipy's ``wilcoxon`` when scipy is installed;
-  else the normal approximation, z = (W⁺ - n(n+1)/4) / σ with the tie-corrected
-  σ² = n(n+1)(2n+1)/24 - Σ(t³-t)/48).
-- Sign test: wins (d > 0) against losses (d < 0), ties (|d| ≤ ``EQUAL_TOL``) left out,
-  exact two-sided binomial p = min(1, 2·P(X ≤ min(wins, losses))), X ~ Bin(wins + losses, ½).
+The diff pairs prompts: per shared prompt, d = mean reward on side B - mean reward on side A;
+:class:`RunDiff` carries the paired statistics of the d (mean Δ with a bootstrap interval,
+Wilcoxon signed-rank, sign test: :mod:`studio.signals.stats`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
-from studio.queries import scored_rollouts_sql, versions_sql
+from studio.queries.scoring import scored_rollouts_sql, versions_sql
 from studio.signals.advantages import EQUAL_TOL, Credit
+from studio.signals.stats import N_BOOT, paired_stats
 from studio.store import Store
 
 MAX_PROMPTS = 200  # rows of the prompt picker
 MAX_STEP_ROLLOUTS = 200  # completions listed for one step
-N_BOOT = 2000
-BOOT_MAX_DRAWS = 40_000_000  # n_prompts × N_BOOT past which the CI is the normal interval
 PROMPT_CHARS = 300  # prompt text kept per diff row (the timeline shows it whole)
 
 
@@ -53,8 +43,8 @@ class Side:
 
 def rewarded_sql(rule_version_id: str | None, scope: str, scope_params: list) -> tuple[str, list]:
     """Rollouts in ``scope`` with their total reward and accuracy under the version
-    :func:`queries.versions_sql` picks (each rollout's newest scoring, or the one given), as
-    ``scored_rollouts_sql`` reads them but without the advantage: a diff or a timeline
+    :func:`~studio.queries.scoring.versions_sql` picks (each rollout's newest scoring, or the one
+    given), as ``scored_rollouts_sql`` reads them but without the advantage: a diff or a timeline
     averages rewards, and the advantage's pass over the groups would be wasted."""
     if rule_version_id is None:
         versions, vparams = versions_sql(None, scope)
@@ -215,93 +205,10 @@ def timeline_rollouts(store: Store, prompt_id: str, run_id: str, train_step: int
     return df.drop(columns=["entropy_sum", "entropy_n"])
 
 
-# -- paired statistics ---------------------------------------------------------------------
-def bootstrap_ci(d: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95) -> tuple[float, float, str]:
-    """``(lo, hi, method)``: percentile bootstrap interval of the mean of the paired
-    differences ``d`` (method ``"bootstrap"``), or the normal interval past
-    ``BOOT_MAX_DRAWS`` draws (``"normal"``). NaNs for an empty ``d``."""
-    d = np.asarray(d, dtype=float)
-    n = len(d)
-    if n == 0:
-        return float("nan"), float("nan"), "none"
-    alpha = (1 - level) / 2
-    if n * n_boot > BOOT_MAX_DRAWS:
-        half = 1.959963984540054 * (d.std(ddof=1) if n > 1 else 0.0) / math.sqrt(n)
-        return float(d.mean() - half), float(d.mean() + half), "normal"
-    rng = np.random.default_rng(seed)
-    means = np.empty(n_boot)
-    chunk = max(1, 2_000_000 // n)  # resamples per batch: bounded memory
-    for lo in range(0, n_boot, chunk):
-        k = min(chunk, n_boot - lo)
-        means[lo:lo + k] = d[rng.integers(0, n, size=(k, n))].mean(axis=1)  # [k]
-    q = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
-    return float(q[0]), float(q[1]), "bootstrap"
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """Exact two-sided sign test: p = min(1, 2·P(X ≤ min(wins, losses))), X ~ Bin(wins + losses, ½)."""
-    n, k = int(wins) + int(losses), min(int(wins), int(losses))
-    if n == 0:
-        return 1.0
-    log_half_n = n * math.log(0.5)
-    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + log_half_n for i in range(k + 1)]
-    top = max(terms)
-    tail = math.exp(top) * sum(math.exp(t - top) for t in terms)
-    return min(1.0, 2 * tail)
-
-
-def wilcoxon_normal_p(d: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p by the normal approximation (no continuity
-    correction), zeros dropped, tied |d| given their average rank."""
-    d = np.asarray(d, dtype=float)
-    d = d[np.abs(d) > EQUAL_TOL]
-    n = len(d)
-    if n == 0:
-        return 1.0
-    ranks = pd.Series(np.abs(d)).rank(method="average").to_numpy()
-    w_plus = ranks[d > 0].sum()
-    mu = n * (n + 1) / 4
-    _, t = np.unique(np.abs(d), return_counts=True)
-    var = n * (n + 1) * (2 * n + 1) / 24 - (t ** 3 - t).sum() / 48
-    if var <= 0:
-        return 1.0
-    z = (w_plus - mu) / math.sqrt(var)
-    return float(math.erfc(abs(z) / math.sqrt(2)))
-
-
-def wilcoxon_p(d: np.ndarray) -> float:
-    """Two-sided Wilcoxon signed-rank p of the paired differences (|d| ≤ ``EQUAL_TOL`` dropped):
-    scipy's ``wilcoxon`` (exact for small samples without ties) when scipy is installed, else
-    :func:`wilcoxon_normal_p`."""
-    d = np.asarray(d, dtype=float)
-    nz = d[np.abs(d) > EQUAL_TOL]
-    if len(nz) == 0:
-        return 1.0
-    try:
-        from scipy.stats import wilcoxon
-    except ImportError:
-        return wilcoxon_normal_p(nz)
-    return float(wilcoxon(nz).pvalue)
-
-
-def paired_stats(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """Statistics of paired values (b - a per pair): ``n, mean_a, mean_b, mean_delta, ci_lo,
-    ci_hi, ci_method, wins, ties, losses, p_wilcoxon, p_sign``."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    d = b - a
-    wins, losses = int((d > EQUAL_TOL).sum()), int((d < -EQUAL_TOL).sum())
-    lo, hi, method = bootstrap_ci(d, n_boot, seed)
-    nan = float("nan")
-    return {"n": len(d), "mean_a": float(a.mean()) if len(a) else nan, "mean_b": float(b.mean()) if len(b) else nan,
-            "mean_delta": float(d.mean()) if len(d) else nan, "ci_lo": lo, "ci_hi": hi, "ci_method": method,
-            "wins": wins, "ties": len(d) - wins - losses, "losses": losses,
-            "p_wilcoxon": wilcoxon_p(d) if len(d) else nan, "p_sign": sign_test_p(wins, losses)}
-
-
 # -- run diff ------------------------------------------------------------------------------
 @dataclass
 class RunDiff:
-    """Two sides compared on the prompts both have (see the module docstring for the tests).
+    """Two sides compared on the prompts both have (the statistics: :mod:`studio.signals.stats`).
 
     ``per_prompt``: one row per shared prompt with ``prompt_id, prompt`` (first
     ``PROMPT_CHARS`` characters), ``reward_a, reward_b, delta`` (B - A), ``accuracy_a,

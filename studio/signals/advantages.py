@@ -188,7 +188,7 @@ def kl_in_reward(token_rewards: list[np.ndarray], groups: np.ndarray) -> list[np
     groups = np.asarray(groups)
     g0 = np.array([returns_to_go(r)[0] if len(r) else 0.0 for r in token_rewards])
     base = {g: g0[groups == g].mean() for g in np.unique(groups)}
-    return [returns_to_go(r) - base[g] for r, g in zip(token_rewards, groups)]
+    return [returns_to_go(r) - base[g] for r, g in zip(token_rewards, groups, strict=False)]
 
 
 def entropy_mask(entropies: np.ndarray, threshold: float) -> np.ndarray:
@@ -212,7 +212,8 @@ def all_equal_groups(rewards: np.ndarray, groups: np.ndarray, tol: float = EQUAL
 
 def _collapsed(reward: str, win: str, expr: str) -> str:
     """``expr``, or exactly 0 for an all-equal group (and NULL-safe for a group of one)."""
-    return f"CASE WHEN max({reward}) {win} - min({reward}) {win} <= {EQUAL_TOL!r} THEN 0.0 ELSE coalesce({expr}, 0.0) END"
+    return (f"CASE WHEN max({reward}) {win} - min({reward}) {win} <= {EQUAL_TOL!r} "
+            f"THEN 0.0 ELSE coalesce({expr}, 0.0) END")
 
 
 def grpo_sql(reward: str = "reward", group: str = "group_id", eps: float = GRPO_EPS) -> str:
@@ -233,7 +234,8 @@ def dr_grpo_sql(reward: str = "reward", group: str = "group_id") -> str:
 def rloo_sql(reward: str = "reward", group: str = "group_id") -> str:
     """SQL expression for :func:`rloo` (NULL rewards are left out of the baseline)."""
     win = f"OVER (PARTITION BY {group})"
-    return _collapsed(reward, win, f"{reward} - (sum({reward}) {win} - {reward}) / nullif(count({reward}) {win} - 1, 0)")
+    return _collapsed(reward, win,
+                      f"{reward} - (sum({reward}) {win} - {reward}) / nullif(count({reward}) {win} - 1, 0)")
 
 
 def reinforce_pp_sql(reward: str = "reward", group: str = "group_id", batch: str = "run_id, train_step",
