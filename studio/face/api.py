@@ -20,13 +20,15 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from studio import queries
+from studio.face.tabs import TABS, Tab
 from studio.store import Store, StoreError, default_db_path
 from studio.workers.sync import run_sync
 
@@ -45,7 +47,7 @@ class StudioAPIError(ValueError):
     """An API call was given something it cannot use; the message says what and why."""
 
 
-def open(db: str | Path | None = None, policy: str | Path | None = None, *, create: bool = False) -> "Studio":
+def open(db: str | Path | None = None, policy: str | Path | None = None, *, create: bool = False) -> Studio:
     """Open a studio store.
 
     Args:
@@ -97,7 +99,7 @@ class Studio:
         """Close the store (another process may then open its file)."""
         self.store.close()
 
-    def __enter__(self) -> "Studio":
+    def __enter__(self) -> Studio:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -197,7 +199,7 @@ class Studio:
     def generate(self, prompts: str | Iterable[str], *, group_size: int = 8, temperature: float = 1.0,
                  top_p: float = 1.0, max_new_tokens: int = 48, seed: int = 0, top_k_stats: int = 5,
                  task: str = "arithmetic", name: str | None = None, policy: str | Path | None = None,
-                 progress: bool = False) -> "GenerateResult":
+                 progress: bool = False) -> GenerateResult:
         """Sample ``group_size`` completions per prompt in the worker, score and store them, as
         the Generate panel does (then score them with the active rule version too).
 
@@ -249,7 +251,7 @@ class Studio:
         return res
 
     def score(self, rule: str | Path | None = None, *, reward_model: str | Path | None = None,
-              name: str | None = None, note: str = "", run: str | None = None) -> "ApplyResult":
+              name: str | None = None, note: str = "", run: str | None = None) -> ApplyResult:
         """Re-score stored rollouts with a reward rule (in the sandbox) or a reward model, and
         store the result as a new rule version, as the Reward rules tab does.
 
@@ -283,7 +285,7 @@ class Studio:
         return res
 
     def import_run(self, paths: str | Path | list, format: str | None = None, *, mapping: dict | None = None,
-                   skip_bad: bool = False, name: str | None = None, task: str = "import") -> "ImportReport":
+                   skip_bad: bool = False, name: str | None = None, task: str = "import") -> ImportReport:
         """Import a training run's rollouts (TRL, verl, OpenRLHF, or JSONL / Parquet with a
         ``mapping`` of field → column), in one transaction, as the Import tab does.
 
@@ -341,7 +343,7 @@ class Studio:
         return decide(self.store, "accepted", ids or None, build_id=build)
 
     def export(self, path: str | Path, format: str = "preference", style: str = "standard",
-               **options: Any) -> "ExportResult":
+               **options: Any) -> ExportResult:
         """Write the accepted pairs in a TRL dataset format (``.jsonl``, ``.parquet``, or a
         ``datasets`` folder) with a provenance sidecar, as the Preference data tab does.
 
@@ -373,7 +375,7 @@ class Studio:
 
     def _new_state(self, **values):
         setup_notebook()
-        from widgets.state import StudioState
+        from widgets.base.state import StudioState
 
         return StudioState(store=self.store, policy_path=self.policy, **values)
 
@@ -413,12 +415,12 @@ class Studio:
             st.group_id = group_id
         return st
 
-    def token_view(self, rollout_id: str | None = None, channel: str = "entropy") -> "pn.viewable.Viewable":
+    def token_view(self, rollout_id: str | None = None, channel: str = "entropy") -> pn.viewable.Viewable:
         """A rollout's token strip with its colour-channel picker and hover cards. Without an
         id it follows the rollout picked in :meth:`table` (or :attr:`state`)."""
         import panel as pn
 
-        from widgets.style import CSS
+        from widgets.base.style import CSS
         from widgets.token_strip import TokenStrip
 
         _check_channel(channel)
@@ -429,7 +431,7 @@ class Studio:
         return pn.Column(picker, TokenStrip(state=st), sizing_mode="stretch_width", stylesheets=[CSS],
                          css_classes=["studio-token-view"], styles={"padding-bottom": "170px"})
 
-    def group_view(self, group: str | None = None) -> "pn.viewable.Viewable":
+    def group_view(self, group: str | None = None) -> pn.viewable.Viewable:
         """All completions of one group (a group id, or a prompt id: its newest group) side by
         side with rewards and advantages; without an argument it follows :attr:`state`."""
         from widgets.group_view import GroupView
@@ -437,13 +439,13 @@ class Studio:
         st = self._view_state(group_id=self._group_id(group) if group else None)
         return GroupView(state=st)
 
-    def fork_view(self, rollout_id: str | None = None) -> "pn.viewable.Viewable":
+    def fork_view(self, rollout_id: str | None = None) -> pn.viewable.Viewable:
         """A rollout's fork panel: alternatives at the picked token, Branch, and its rollout tree."""
         from widgets.fork_panel import ForkPanel
 
         return ForkPanel(state=self._view_state(rollout_id))
 
-    def table(self, run: str | None = None) -> "pn.viewable.Viewable":
+    def table(self, run: str | None = None) -> pn.viewable.Viewable:
         """The rollout table with its filters; picking a row opens it in the shared state's views."""
         import panel as pn
 
@@ -455,32 +457,24 @@ class Studio:
         t = RolloutTable(state=st)
         return pn.Row(pn.Column(t.controls, width=300), t, sizing_mode="stretch_width")
 
-    def explorer(self) -> "pn.viewable.Viewable":
+    def explorer(self) -> pn.viewable.Viewable:
         """Table, token strip and group view of the shared state together: a small studio."""
         import panel as pn
 
         return pn.Column(self.table(), pn.Row(self.token_view(), self.fork_view(), sizing_mode="stretch_width"),
                          self.group_view(), sizing_mode="stretch_width")
 
-    def view(self, name: str) -> "pn.viewable.Viewable":
+    def view(self, name: str) -> pn.viewable.Viewable:
         """One of the studio's tabs as a component on the shared state, by its tab name:
         ``"entropy landscape"``, ``"compare policies"``, ``"reward rules"``, ``"reward hacking"``,
         ``"advantages & steps"``, ``"mini-runs"``, ``"preference data"``, ``"timeline & diff"``,
         ``"import & enrich"``, ``"sql"`` (see :data:`VIEWS`)."""
-        import importlib
-
         key = _text("name", name, optional=False).strip().lower()
         if key not in VIEWS:
             raise StudioAPIError(f"no view {name!r}; one of {', '.join(VIEWS)}")
-        module, cls, kwargs = VIEWS[key]
-        st = self.state
-        if not kwargs.get("shown"):
-            return getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **kwargs)
-        view = getattr(importlib.import_module(f"widgets.{module}"), cls)(state=st, **{**kwargs, "shown": False})
-        view.shown = True  # drawn now, as a tab is when it is opened
-        return view
+        return VIEWS[key].build(self.state, shown=True)  # a lazy view drawn now, as a tab is when it is opened
 
-    def app(self) -> "pn.viewable.Viewable":
+    def app(self) -> pn.viewable.Viewable:
         """The whole studio page, on this store and policy."""
         setup_notebook()
         from studio.face.app import create_app
@@ -506,19 +500,8 @@ class Studio:
                          fork_tree=fork_tree, channel=channel, title=title)
 
 
-# tab name -> (widgets module, class, arguments): every tab of the served page as a component
-VIEWS: dict[str, tuple[str, str, dict]] = {
-    "entropy landscape": ("entropy_view", "EntropyLandscape", {"shown": True}),
-    "compare policies": ("entropy_view", "PolicyCompare", {"shown": True}),
-    "reward rules": ("rule_panel", "RulePanel", {"shown": True}),
-    "reward hacking": ("hacking_view", "HackingView", {"shown": True}),
-    "advantages & steps": ("credit_panel", "CreditView", {"shown": True}),
-    "mini-runs": ("minirun_panel", "MiniRunPanel", {"shown": True}),
-    "preference data": ("curation_panel", "CurationPanel", {"shown": True}),
-    "timeline & diff": ("timeline_panel", "TimelinePanel", {"shown": True}),
-    "import & enrich": ("import_panel", "ImportPanel", {}),
-    "sql": ("sql_console", "SQLConsole", {}),
-}
+# tab name -> tab: every tab of the served page as a component (``studio.face.tabs``, which the page reads too)
+VIEWS: dict[str, Tab] = {tab.name: tab for tab in TABS if tab.in_api}
 
 
 def _check_channel(channel: str) -> None:
@@ -600,7 +583,7 @@ def _typed(name: str, value: Any, annotation: str) -> None:
 
 
 def setup_notebook() -> None:
-    """Set up Panel for notebooks, offline: every resource inline (``widgets.notebook.setup``)."""
-    from widgets.notebook import setup
+    """Set up Panel for notebooks, offline: every resource inline (``widgets.runtime.notebook.setup``)."""
+    from widgets.runtime.notebook import setup
 
     setup()
