@@ -125,9 +125,10 @@ class CurationPanel(LazyView):
             b.on_click(lambda e, k=key: self._on_key(k))
             buttons[key] = b
         self._buttons = buttons
-        self._keys = KeyShortcuts(keys="".join(KEYS), hint='<span class="keys"><kbd>a</kbd> accept · <kbd>r</kbd> reject · <kbd>s</kbd> '
-                                       'swap · <kbd>j</kbd>/<kbd>→</kbd> next · <kbd>k</kbd>/<kbd>←</kbd> previous; the note box '
-                                       'saves on Enter</span>', stylesheets=[REVIEW_CSS], css_classes=["review-keys"])
+        self._keys = KeyShortcuts(keys="".join(KEYS), stylesheets=[REVIEW_CSS], css_classes=["review-keys"],
+                                  hint='<span class="keys"><kbd>a</kbd> accept · <kbd>r</kbd> reject · <kbd>s</kbd> '
+                                       'swap · <kbd>j</kbd>/<kbd>→</kbd> next · <kbd>k</kbd>/<kbd>←</kbd> previous; '
+                                       'the note box saves on Enter</span>')
         self._keys.on_key(self._on_key)
         # -- export
         self._format = pn.widgets.Select(name="format", options=list(FORMATS), value="preference", width=110,

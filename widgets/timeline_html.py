@@ -80,7 +80,8 @@ def movers_html(m: pd.DataFrame) -> str:
             body = "".join(
                 f'<tr class="pick mover" data-click="mover" data-value="{esc(r.prompt_id)}" title="{esc(r.prompt)}">'
                 f'<td class="mono">{esc(r.prompt)}</td><td class="num">{fmt_num(r.reward_a, ".2f")}</td>'
-                f'<td class="num">{fmt_num(r.reward_b, ".2f")}</td><td class="num {cls}">{fmt_num(r.delta, "+.2f")}</td>'
+                f'<td class="num">{fmt_num(r.reward_b, ".2f")}</td>'
+                f'<td class="num {cls}">{fmt_num(r.delta, "+.2f")}</td>'
                 f'<td class="num muted">{int(r.n_a)}/{int(r.n_b)}</td></tr>' for r in rows.itertuples())
         return (f'<div><div class="meta-line"><b>{esc(title)}</b></div><table class="tl">'
                 '<colgroup><col><col style="width:46px"><col style="width:46px"><col style="width:52px">'

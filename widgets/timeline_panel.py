@@ -50,9 +50,11 @@ class TimelinePanel(LazyView):
     prompt = param.Selector(default=None, objects=[], allow_None=True, doc="Prompt whose timeline is shown.")
     step = param.Selector(default=None, objects=[], allow_None=True, doc="Training step whose completions are listed.")
     a_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side A: run.")
-    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side A: one training step, or the whole run.")
+    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False,
+                            doc="Side A: one training step, or the whole run.")
     b_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side B: run.")
-    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side B: one training step, or the whole run.")
+    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False,
+                            doc="Side B: one training step, or the whole run.")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -60,7 +62,8 @@ class TimelinePanel(LazyView):
         self._all_runs: dict[str, str] = {}  # diff run label -> run id
         self._prompts: dict[str, str] = {}  # prompt label -> prompt id
         self._steps: dict[str, int] = {}  # step label -> train step
-        self._pin: tuple[str, str, str] | None = None  # (label, prompt id, run id) kept in the picker (a selection, a mover)
+        # (label, prompt id, run id) kept in the picker (a selection, a mover)
+        self._pin: tuple[str, str, str] | None = None
         self._want_step: int | None = None  # the step to list once the pinned prompt's timeline is in
         self._step_label: int | None = None
         self._step_prompt = ""
@@ -69,8 +72,8 @@ class TimelinePanel(LazyView):
         self._step_rows = pd.DataFrame()
         self._diff: tl.RunDiff | None = None
         self._jobs: dict[str, Job] = collections.defaultdict(Job)  # request kind -> its job (the newest wins)
-        self._run_steps: dict[str, list[int]] = {}
-        self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen  # run id -> its training steps (until the store changes)
+        self._run_steps: dict[str, list[int]] = {}  # run id -> its training steps (until the store changes)
+        self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen
         self._loaded = False
         kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
         self._prompt_info = pn.pane.HTML("", css_classes=["timeline-info"], margin=(0, 5), **kw)

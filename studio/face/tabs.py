@@ -69,6 +69,9 @@ TABS: tuple[Tab, ...] = (
     Tab("SQL", "sql_console", "SQLConsole", lazy=False),
 )
 
+# tab name -> tab: the tabs ``Studio.view`` offers (the page's own, by name)
+VIEWS: dict[str, Tab] = {tab.name: tab for tab in TABS if tab.in_api}
+
 
 def index(title: str) -> int:
     """The position of the tab titled ``title`` in :data:`TABS`."""

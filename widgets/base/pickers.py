@@ -19,7 +19,8 @@ def run_choices(store: Store) -> dict[str, str]:
 def run_labels(runs) -> dict[str, str]:
     """Label -> run id of each row of ``queries.runs`` (the id suffix keeps two runs with the same
     name and size apart)."""
-    return {f"{name} ({n}) · {rid[-6:]}": rid for name, n, rid in zip(runs["name"], runs["rollouts"], runs["run_id"])}
+    return {f"{name} ({n}) · {rid[-6:]}": rid for name, n, rid in
+            zip(runs["name"], runs["rollouts"], runs["run_id"], strict=True)}
 
 
 def set_choices(obj: param.Parameterized, name: str, objects: list, value) -> None:
