@@ -200,7 +200,7 @@ def test_rollouts_dataframe_types(s):
 def test_every_tab_is_a_component(s):
     import panel as pn
 
-    from studio.face.api import VIEWS
+    from studio.face.tabs import VIEWS
 
     rid = s.rollouts(limit=1).rollout_id.iloc[0]
     s.state.open_rollout(rid)

@@ -7,7 +7,7 @@ from studio.face import serve
 from studio.rewards import DEFAULT_RULES
 from studio.runs.generation import GenerateConfig
 from studio.store.schema import TABLES
-from widgets.style import CHANNELS
+from widgets.base.style import CHANNELS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -382,7 +382,7 @@ def test_whiten_is_reinforce_pp_s_second_stage():
 
 def test_the_strip_opens_an_imported_rollout_without_alternatives(cases):
     """Imported tokens have no top-k alternatives (NULL lists): the strip shows them without any."""
-    from widgets.state import StudioState
+    from widgets.base.state import StudioState
     from widgets.token_strip import TokenStrip
 
     store, _ = cases
@@ -401,7 +401,7 @@ def test_a_click_drawn_ahead_on_a_thread_is_what_the_views_draw_in_place(seeded_
     state values they show; the event loop then sets that HTML. It must be exactly what the views
     draw in place for the same state, and a value changed meanwhile (the channel) is drawn afresh."""
     from widgets.group_view import GroupView
-    from widgets.state import StudioState
+    from widgets.base.state import StudioState
     from widgets.token_strip import TokenStrip
 
     store = seeded_store
@@ -434,7 +434,7 @@ def test_new_rows_reach_every_sidebar_picker_read_off_the_event_loop(seeded_stor
     import asyncio
     import threading
 
-    import widgets.state as wstate
+    import widgets.base.state as wstate
     from sample_data import POLICY_DIR
     from studio.face.app import create_app
     from studio.runs.generation import GenerateConfig, generate_sync

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from widgets import page_gc
+from widgets.runtime import page_gc
 
 
 class Page:

@@ -253,7 +253,7 @@ def test_paired_stats_literal():
 # -- the tab's view, without a browser ----------------------------------------------------------
 
 def test_panel_draws_only_when_shown_then_follows_the_selection(store):
-    from widgets.state import StudioState
+    from widgets.base.state import StudioState
     from widgets.timeline_panel import TimelinePanel
 
     st = StudioState(store=store)

@@ -16,12 +16,14 @@ from studio.runs.credit_models import critic_values, information_gain, prm_steps
 from studio.signals.advantages import ESTIMATORS, Credit
 from studio.store import StoreError
 
-from .clickable import ClickableHTML
-from .entropy_view import _hv, _opts
-from .lazy import LazyView
+from .base.clickable import ClickableHTML
+from .base.jobs import Job, failure
+from .base.lazy import LazyView
+from .base.pickers import run_choices
+from .base.plots import holoviews, plot_opts
+from .base.state import StudioState
+from .base.style import CSS, SCALES, banner, esc
 from .rule_panel import DIFF_CSS
-from .state import StudioState, run_choices
-from .style import CSS, SCALES, banner, esc
 from .token_strip import strip_html
 
 NONE = "(none)"
@@ -118,6 +120,7 @@ class CreditView(LazyView):
         self._value = pn.widgets.Button(name="Critic values for GAE", color="primary", width=190,
                                         disabled=not can_run, css_classes=["value-button"])
         self._buttons = (self._ig, self._prm, self._value)
+        self._job = Job(on_running=self._computing)  # one step-reward computation at a time
         if can_run:  # browse-only sessions get no callback that could start a model
             self._ig.on_click(self._on_ig)
             self._prm.on_click(self._on_prm)
@@ -196,12 +199,12 @@ class CreditView(LazyView):
             f'<span>corr <b>{corr:.3f}</b></span>'
             f'<span>mean |B − A| <b>{both["diff"].abs().mean() if len(both) else 0:.3f}</b></span></div>'
             + "".join(banner("warn", n) for n in notes))
-        hv = _hv()
+        hv = holoviews()
         if len(both):
             lim = float(max(both["adv_a"].abs().max(), both["adv_b"].abs().max(), 1e-6)) * 1.05
             self._scatter.object = (hv.Curve([(-lim, -lim), (lim, lim)]).opts(color="#adb5bd", line_dash="dashed")
                                     * hv.Scatter(both, "adv_a", ["adv_b", "sign_flip"]).opts(
-                **_opts(title="per rollout: B vs A", xlabel=f"A: {ESTIMATORS[a.estimator].label}",
+                **plot_opts(title="per rollout: B vs A", xlabel=f"A: {ESTIMATORS[a.estimator].label}",
                         ylabel=f"B: {ESTIMATORS[b.estimator].label}", size=4, alpha=0.4, height=260,
                         color="sign_flip", cmap={True: "#c92a2a", False: "#3b5bdb"})))
         else:
@@ -217,7 +220,7 @@ class CreditView(LazyView):
         self._token_diff.object = self._token_diff_html(a, b)
         if len(zero):
             self._zero.object = hv.Bars(zero, "step", ["all_equal_share", "groups"]).opts(
-                **_opts(title="share of all-equal groups per training step", ylabel="all-equal share",
+                **plot_opts(title="share of all-equal groups per training step", ylabel="all-equal share",
                         color="#f08c00", height=220, ylim=(0, 1), tools=["hover"]))
         bands = ps["band"].value_counts()
         brow = " · ".join(f"{esc(k)} <b>{int(bands.get(k, 0))}</b>" for k in
@@ -249,21 +252,20 @@ class CreditView(LazyView):
         run_id = self._runs.get(self.run)
         if not self._can_run or self.running or not run_id:
             return
-        self.running = True
-        for b in self._buttons:
-            b.disabled = True
-        try:
-            rids = lookups.rollouts_of_run(self.state.store, run_id)
-            self._status.object = banner("info", start.format(n=f"{len(rids):,}"))
-            result = await job(rids)
-            self._status.object = banner("info", done(result))
-        except Exception as exc:  # a missing folder, the wrong model, another vocabulary: say so, keep the page
-            self._status.object = banner("error", f"{what} failed: {type(exc).__name__}: {exc}")
-        finally:
-            self.running = False
-            for b in self._buttons:
-                b.disabled = not self._can_run
+        with self._job.claim():
+            try:
+                rids = lookups.rollouts_of_run(self.state.store, run_id)
+                self._status.object = banner("info", start.format(n=f"{len(rids):,}"))
+                result = await job(rids)
+                self._status.object = banner("info", done(result))
+            except Exception as exc:  # a missing folder, the wrong model, another vocabulary: say so, keep the page
+                self._status.object = banner("error", failure(what, exc))
         await asyncio.sleep(0)
+
+    def _computing(self, on: bool) -> None:
+        self.running = on
+        for b in self._buttons:
+            b.disabled = on or not self._can_run
 
     async def _on_ig(self, event=None) -> None:
         st = self.state

@@ -26,9 +26,11 @@ from studio.curation.formats import FORMATS, STYLES
 from studio.curation.provenance import exports
 from studio.queries import lookups
 
-from .lazy import LazyView
-from .state import StudioState, run_choices
-from .style import CSS, SCALES, banner, esc
+from .base.clickable import KeyShortcuts
+from .base.lazy import LazyView
+from .base.pickers import run_choices
+from .base.state import StudioState
+from .base.style import CSS, SCALES, banner, esc
 from .token_strip import strip_html
 
 REVIEW_CSS = """
@@ -52,51 +54,6 @@ table.exports td, table.exports th { padding:2px 6px; text-align:left; border-to
 table.exports th { color:#868e96; font-size:11px; }
 """
 KEYS = {"a": "accept", "r": "reject", "s": "swap", "j": "next", "k": "previous"}
-
-
-class KeyShortcuts(pn.custom.JSComponent):
-    """Single-key presses on the page, sent to Python while this element is on screen and
-    the focus is not in a text field (the note box, the sidebar's inputs)."""
-
-    keys = param.String(default="".join(KEYS), doc="The keys that are reported (→ is j, ← is k).")
-    hint = param.String(default="", doc="The HTML shown (the key legend, escaped by the caller).")
-
-    _esm = """
-export function render({ model, el }) {
-  const box = document.createElement('div');
-  box.innerHTML = model.hint;
-  model.on('hint', () => { box.innerHTML = model.hint; });
-  el.appendChild(box);
-  const onKey = (ev) => {
-    const t = (ev.composedPath && ev.composedPath()[0]) || ev.target;
-    const tag = ((t && t.tagName) || '').toLowerCase();
-    if (tag === 'input' || tag === 'textarea' || tag === 'select' || (t && t.isContentEditable)) return;
-    if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
-    let k = ev.key;
-    if (k === 'ArrowRight') k = 'j';
-    if (k === 'ArrowLeft') k = 'k';
-    if (k.length !== 1 || !model.keys.includes(k)) return;
-    if (!box.isConnected || box.getClientRects().length === 0) return;  // a hidden tab: not ours
-    ev.preventDefault();
-    model.send_msg({key: k});
-  };
-  document.addEventListener('keydown', onKey);
-  model.on('remove', () => document.removeEventListener('keydown', onKey));
-}
-"""
-
-    def __init__(self, **params):
-        super().__init__(**params)
-        self._callbacks = []
-
-    def on_key(self, callback) -> None:
-        self._callbacks.append(callback)
-
-    def _handle_msg(self, msg) -> None:
-        key = str(msg.get("key", "")) if isinstance(msg, dict) else ""
-        if key in self.keys:
-            for cb in self._callbacks:
-                cb(key)
 
 
 def components_html(comps: dict[str, float | None]) -> str:
@@ -169,9 +126,10 @@ class CurationPanel(LazyView):
             b.on_click(lambda e, k=key: self._on_key(k))
             buttons[key] = b
         self._buttons = buttons
-        self._keys = KeyShortcuts(hint='<span class="keys"><kbd>a</kbd> accept · <kbd>r</kbd> reject · <kbd>s</kbd> '
-                                       'swap · <kbd>j</kbd>/<kbd>→</kbd> next · <kbd>k</kbd>/<kbd>←</kbd> previous; the note box '
-                                       'saves on Enter</span>', stylesheets=[REVIEW_CSS], css_classes=["review-keys"])
+        self._keys = KeyShortcuts(keys="".join(KEYS), stylesheets=[REVIEW_CSS], css_classes=["review-keys"],
+                                  hint='<span class="keys"><kbd>a</kbd> accept · <kbd>r</kbd> reject · <kbd>s</kbd> '
+                                       'swap · <kbd>j</kbd>/<kbd>→</kbd> next · <kbd>k</kbd>/<kbd>←</kbd> previous; '
+                                       'the note box saves on Enter</span>')
         self._keys.on_key(self._on_key)
         # -- export
         self._format = pn.widgets.Select(name="format", options=list(FORMATS), value="preference", width=110,

@@ -21,17 +21,17 @@ from sample_data import EARLY_POLICY_DIR
 from studio import queries
 from studio.queries import forks, lookups
 from studio.runs.compare import score_with
+from studio.runs.registry import known_policies
 from studio.store import StoreError
 
-from .clickable import ClickableHTML
-from .lazy import LazyView
-from .state import StudioState, run_choices
-from .style import CSS, SCALES, banner, chip, esc
+from .base.clickable import ClickableHTML
+from .base.jobs import Job
+from .base.lazy import LazyView
+from .base.pickers import run_choices
+from .base.plots import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, THRESHOLD_COLOR, holoviews, plot_opts
+from .base.state import StudioState
+from .base.style import CSS, SCALES, banner, chip, esc
 from .token_strip import VISIBLE_WS, num, token_display
-
-ENTROPY_COLOR = "#f76707"
-THRESHOLD_COLOR = "#1f2937"
-OK_COLOR, BAD_COLOR = "#37b24d", "#e03131"
 
 COMPARE_CSS = """
 table.dh { border-collapse:collapse; width:100%; font-size:12px; }
@@ -43,42 +43,24 @@ td.ctx b { color:#212529; background:#fff3bf; padding:0 2px; border-radius:2px; 
 """
 
 
-def _hv():
-    """HoloViews with its Bokeh backend registered. Not ``hv.extension``: inside a served
-    session that switches Panel to CDN resources for stylesheets (a request the offline
-    studio must never make)."""
-    import holoviews as hv
-    import holoviews.plotting.bokeh  # noqa: F401  (registers the backend)
-
-    hv.Store.set_current_backend("bokeh")
-    return hv
-
-
-def _opts(**kw) -> dict:
-    base = dict(height=210, responsive=True, toolbar=None, default_tools=["hover"], fontsize={"title": 11, "labels": 10,
-                                                                                              "xticks": 9, "yticks": 9})
-    base.update(kw)
-    return base
-
-
 def landscape_plots(ls: forks.Landscape):
     """Four HoloViews plots of a :class:`studio.queries.forks.Landscape`."""
-    hv = _hv()
+    hv = holoviews()
     thr = ls.threshold.value
     hist = hv.Histogram((ls.hist_edges, np.where(ls.hist_counts > 0, ls.hist_counts, np.nan)), kdims=["entropy (nats)"], vdims=["tokens"]).opts(
-        **_opts(color=ENTROPY_COLOR, line_color="white", logy=True, title="Token entropies (log count)"))
+        **plot_opts(color=ENTROPY_COLOR, line_color="white", logy=True, title="Token entropies (log count)"))
     if thr is not None:
         hist = hist * hv.VLine(thr).opts(color=THRESHOLD_COLOR, line_dash="dashed", line_width=2)
     pos = hv.Curve(ls.by_pos, "pos", "mean_entropy").opts(
-        **_opts(color=ENTROPY_COLOR, line_width=2, title="Mean entropy by token position", ylabel="nats"))
+        **plot_opts(color=ENTROPY_COLOR, line_width=2, title="Mean entropy by token position", ylabel="nats"))
     steps = ls.by_step.assign(step=[f"step {int(i) + 1}" for i in ls.by_step["step_idx"]])
     step = hv.Bars(steps, "step", ["mean_entropy", "n"]).opts(
-        **_opts(color=ENTROPY_COLOR, title="Mean entropy by reasoning step", ylabel="nats"))
+        **plot_opts(color=ENTROPY_COLOR, title="Mean entropy by reasoning step", ylabel="nats"))
     per = ls.per_rollout
     summ = (per.assign(outcome=np.where(per["correct"], "correct", "incorrect"))
             .groupby("outcome").agg(mean_forks=("forks", "mean"), rollouts=("forks", "size")).reset_index())
     forks_bar = hv.Bars(summ, "outcome", ["mean_forks", "rollouts"]).opts(
-        **_opts(color="outcome", cmap={"correct": OK_COLOR, "incorrect": BAD_COLOR}, show_legend=False,
+        **plot_opts(color="outcome", cmap={"correct": OK_COLOR, "incorrect": BAD_COLOR}, show_legend=False,
                 title="Forks per rollout", ylabel="mean forks"))
     return hist, pos, step, forks_bar
 
@@ -185,6 +167,7 @@ class PolicyCompare(LazyView):
                                      css_classes=["compare-button"], disabled=not can_run)
         if can_run:  # browse-only sessions get no callback that could start a model
             self._go.on_click(self._on_score)
+        self._job = Job(on_running=lambda on: setattr(self._go, "disabled", on or not self._can_run))
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["compare-status"])
         self._summary = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width")
         self._plot = pn.pane.HoloViews(None, width=400, height=310)  # made once: see EntropyLandscape
@@ -227,22 +210,18 @@ class PolicyCompare(LazyView):
             self._status.object = banner("warn", "Select a rollout in the table first (its group or run is compared).")
             return
         folder = Path(self.policy.strip()).expanduser()
-        self._go.disabled = True
-        self._status.object = banner("info", f"scoring {len(ids)} rollouts with {folder.name}…")
-        try:
-            self._version = await score_with(self.state.store, folder, ids)
-        except Exception as exc:  # missing folder, unloadable model, dead worker: say which
-            self._status.object = banner("error", f"could not score with {folder}: {exc}")
-            return
-        finally:
-            self._go.disabled = not self._can_run
+        with self._job.claim():
+            self._status.object = banner("info", f"scoring {len(ids)} rollouts with {folder.name}…")
+            try:
+                self._version = await score_with(self.state.store, folder, ids)
+            except Exception as exc:  # missing folder, unloadable model, dead worker: say which
+                self._status.object = banner("error", f"could not score with {folder}: {exc}")
+                return
         self._status.object = banner("info", f"{len(ids)} rollouts scored by {self._version}.")
         self._render()
 
     def _sync_policies(self) -> None:
         """The picker offers the bundled policies and every mini-run checkpoint in the store."""
-        from .minirun_panel import known_policies
-
         opts = {"(a folder typed on the right)": ""} | known_policies(self.state.store)
         self._pick.options = opts
         self._pick.value = self.policy if self.policy in opts.values() else ""
@@ -276,10 +255,10 @@ class PolicyCompare(LazyView):
             f'<div class="meta-line"><span>B = <b>{esc(self._version)}</b></span><span>{len(df):,} tokens of '
             f'{df["rollout_id"].nunique()} rollouts</span><span>mean entropy A <b>{df["entropy_a"].mean():.3f}</b> → '
             f'B <b>{df["entropy_b"].mean():.3f}</b> nats</span><span><b>{big:.1%}</b> of tokens moved by ≥ 0.1 nats</span></div>')
-        hv = _hv()
+        hv = holoviews()
         lim = float(max(df["entropy_a"].max(), df["entropy_b"].max(), 0.1))
         sc = hv.Scatter(df, "entropy_a", ["entropy_b", "delta", "token_text", "pos"]).opts(
-            **_opts(color="delta", cmap=list(SCALES["advantage"].stops), clim=(-2, 2), size=5, alpha=0.7,
+            **plot_opts(color="delta", cmap=list(SCALES["advantage"].stops), clim=(-2, 2), size=5, alpha=0.7,
                     xlabel="entropy A (stored), nats", ylabel="entropy B, nats", title="Per-token entropy, A vs B",
                     colorbar=True, height=300, width=380, responsive=False))
         diag = hv.Curve([(0, 0), (lim, lim)]).opts(color="#adb5bd", line_dash="dotted")

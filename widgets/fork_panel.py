@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 
 import pandas as pd
 import panel as pn
@@ -25,9 +24,10 @@ from studio.runs.branch import BRANCH_BOUNDS, BranchConfig, BranchError, NoPolic
 from studio.store import StoreError
 from studio.workers.vocab import decode_ids, policy_label
 
-from .clickable import ClickableHTML
-from .state import StudioState
-from .style import CSS, REDRAWN, banner, esc
+from .base.clickable import ClickableHTML
+from .base.jobs import Job, start
+from .base.state import StudioState
+from .base.style import CSS, REDRAWN, banner, esc
 from .token_strip import VISIBLE_WS, num, token_display
 
 AS_SAMPLED = "as sampled (draw again)"
@@ -158,7 +158,7 @@ class ForkPanel(pn.viewable.Viewer):
         super().__init__(**params)
         self._can_run = can_run
         self._ids: dict[str, int | None] = {}
-        self._cancel: threading.Event | None = None
+        self._job = Job(on_running=self._running)  # a branch request, cancellable
         self._attach: str | None = None
         self._tree_drawn_at = -1
         self._head = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN,
@@ -177,7 +177,7 @@ class ForkPanel(pn.viewable.Viewer):
                                     css_classes=["branch-status"])
         if can_run:  # browse-only sessions get no callback that could start the model
             self._go.on_click(self._on_branch)
-            self._stop.on_click(lambda e: self._cancel.set() if self._cancel else None)
+            self._stop.on_click(lambda e: self._job.cancel())
             self._attach_btn.on_click(self._on_attach)
         self._tree = ClickableHTML(object="", stylesheets=[CSS, TREE_CSS], sizing_mode="stretch_width", **REDRAWN,
                                    margin=(0, 5), css_classes=["fork-tree"])
@@ -259,36 +259,34 @@ class ForkPanel(pn.viewable.Viewer):
     def _on_attach(self, event) -> None:
         self._attach = self.state.policy_path
         self._attach_btn.visible = False
-        pn.state.execute(self._on_branch)
+        start(self._on_branch)
+
+    def _running(self, on: bool) -> None:
+        self.running = on
+        self._go.disabled, self._stop.disabled = on, not on
 
     async def _on_branch(self, event=None) -> None:
         st = self.state
         if not self._can_run or self.running or st.fork_pos < 0:
             return
         chosen = [self._ids[c] for c in self.choices if c in self._ids]
-        cancel = threading.Event()
-        self._cancel = cancel
-        self.running = True
-        self._go.disabled, self._stop.disabled = True, False
-        total = len(chosen) * self.n
-        self._status.object = banner("info", f"branching: {len(chosen)} choice(s) × {self.n} = {total} completions…")
-        parent = st.rollout_id
-        try:
-            res = await branch(st.store, parent, st.fork_pos, chosen,
-                                     BranchConfig(n=int(self.n), temperature=float(self.temperature)),
-                                     policy_path=self._attach, cancel=cancel)
-        except NoPolicyError as exc:
-            self._status.object = banner("warn", str(exc))
-            self._attach_btn.name = f"Attach {policy_label(st.policy_path)} policy and branch"
-            self._attach_btn.visible = bool(st.policy_path)
-            return
-        except (BranchError, StoreError) as exc:
-            self._status.object = banner("error", str(exc))
-            return
-        finally:
-            self.running = False
-            self._go.disabled, self._stop.disabled = False, True
-            self._cancel = None
+        with self._job.claim() as cancel:
+            total = len(chosen) * self.n
+            self._status.object = banner("info", f"branching: {len(chosen)} choice(s) × {self.n} = {total} "
+                                                 "completions…")
+            parent = st.rollout_id
+            try:
+                res = await branch(st.store, parent, st.fork_pos, chosen,
+                                   BranchConfig(n=int(self.n), temperature=float(self.temperature)),
+                                   policy_path=self._attach, cancel=cancel)
+            except NoPolicyError as exc:
+                self._status.object = banner("warn", str(exc))
+                self._attach_btn.name = f"Attach {policy_label(st.policy_path)} policy and branch"
+                self._attach_btn.visible = bool(st.policy_path)
+                return
+            except (BranchError, StoreError) as exc:
+                self._status.object = banner("error", str(exc))
+                return
         if res.status == "done":
             also = await rules.score_new_run(st.store, res.run_id, st.rule_version)
             self._status.object = banner("info" if not also or also.startswith("also") else "warn",

@@ -10,8 +10,6 @@ page's event loop within seconds, with a Retry when it is down or slow.
 """
 from __future__ import annotations
 
-import asyncio
-import threading
 import urllib.parse
 from pathlib import Path
 
@@ -21,13 +19,15 @@ import param
 from studio import queries
 from studio.rewards import rules
 from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate
+from studio.runs.registry import local_device, note_local_device
 from studio.store import StoreError
 from studio.tasks import TaskParseError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
 from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
 
-from .state import StudioState
-from .style import CSS, banner, esc
+from .base.jobs import Job, failure, served
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 
 BACKEND_CSS = """
 .backend-line { font-size:12px; color:#495057; display:flex; align-items:center; gap:5px; flex-wrap:wrap;
@@ -42,7 +42,6 @@ BACKEND_CSS = """
 """
 SLOW_S = 1.0  # a health check slower than this is shown as slow
 CHECK_EVERY_MS = 30_000  # a remote backend's health is checked again this often while the page is open
-_local_devices: dict[str, str] = {}  # policy folder -> device its worker reported ("cpu", "cuda")
 
 
 def backend_html(policy: str, state: str, info=None, error: str | None = None, device: str | None = None) -> str:
@@ -96,10 +95,10 @@ class BackendStatus(pn.viewable.Viewer):
         self._retry = pn.widgets.Button(name="Retry", color="light", width=64, height=28, visible=False,
                                         css_classes=["backend-retry"], margin=(0, 5))
         self._retry.on_click(lambda e: self.check())
-        self._token = 0
+        self._job = Job()  # the health check: the newest (the policy picked last) owns the line
         self._layout = pn.Row(self._line, self._retry, sizing_mode="stretch_width", margin=0)
         self.check()
-        if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:  # one poll per open page
+        if served():  # one poll per open page
             pn.state.add_periodic_callback(self._poll, period=CHECK_EVERY_MS)
 
     @property
@@ -110,10 +109,9 @@ class BackendStatus(pn.viewable.Viewer):
     def check(self) -> None:
         """Show the local worker at once; ask a remote backend (off the event loop)."""
         policy = self.policy
-        self._token += 1
-        token = self._token
         if not is_policy_url(policy):
-            self._line.object = backend_html(policy, "local", device=_local_devices.get(str(Path(policy).resolve())))
+            self._job.ticket()  # answered at once: a remote check still in flight is dropped
+            self._line.object = backend_html(policy, "local", device=local_device(policy))
             self._retry.visible, self.healthy = False, True
             return
         self._line.object = backend_html(policy, "checking")
@@ -126,26 +124,17 @@ class BackendStatus(pn.viewable.Viewer):
                 return None, str(exc)
 
         def show(result) -> None:
-            if token != self._token:  # the policy changed meanwhile: a newer check owns the line
-                return
             info, error = result
             self._line.object = backend_html(policy, "ok" if info else "down", info=info, error=error)
             self.healthy = info is not None
             self._retry.visible, self._retry.disabled = info is None or info.latency_s > SLOW_S, False
 
-        if pn.state.curdoc is None or pn.state.curdoc.session_context is None:  # not served (a script): inline
-            show(ask())
-            return
-
-        async def task():
-            show(await asyncio.to_thread(ask))
-
-        pn.state.execute(task)
+        self._job.submit(ask, show)  # off the event loop; the policy may change meanwhile: the newest check wins
 
     def ran_on(self, device: str | None) -> None:
         """A job finished on ``device`` (a result's device): a local worker's device is now known."""
         if device and not is_policy_url(self.policy) and not device.startswith("remote"):
-            _local_devices[str(Path(self.policy).resolve())] = device
+            note_local_device(self.policy, device)
             self.check()
 
     def _poll(self) -> None:
@@ -180,14 +169,14 @@ class GeneratePanel(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._cancel = threading.Event()
+        self._job = Job(on_running=self._running)
         self._sample_prompts = self.state.fresh_read(("sample_prompts",), lambda: queries.sample_prompts(self.state.store))
         self._refresh_prompts()
         self._go = pn.widgets.Button(name="Generate", color="primary", sizing_mode="stretch_width",
                                      css_classes=["generate-button"])
         self._stop = pn.widgets.Button(name="Cancel", color="light", sizing_mode="stretch_width", disabled=True)
         self._go.on_click(self._on_generate)
-        self._stop.on_click(lambda e: self._cancel.set())
+        self._stop.on_click(lambda e: self._job.cancel())
         self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,
                                                 bar_color="primary", height=14)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["generate-status"])
@@ -229,34 +218,35 @@ class GeneratePanel(pn.viewable.Viewer):
         drawn = get_task("arithmetic").make_prompts(self.fresh, seed=self.seed, difficulty=self.difficulty)
         return list(self.picked) + [line for line in self.typed.splitlines() if line.strip()] + [p.text for p in drawn]
 
+    def _running(self, on: bool) -> None:
+        """A Generate starts (``on``) or ends: buttons and progress bar follow."""
+        self.running = on
+        self._go.disabled, self._stop.disabled = on, not on
+        if on:
+            self._progress.value = 0
+        self._progress.visible = on
+
     async def _on_generate(self, event=None) -> None:
         if self.running:
             return
         config = GenerateConfig(group_size=self.group_size, temperature=self.temperature, top_p=self.top_p,
                                 max_new_tokens=self.max_new_tokens, seed=self.seed, top_k_stats=self.top_k_stats)
-        self._cancel.clear()
-        self.running = True
-        self._go.disabled, self._stop.disabled = True, False
-        self._progress.value, self._progress.visible = 0, True
-        self._status.object = banner("info", "Starting the sampling worker…")
+        with self._job.claim() as cancel:
+            self._status.object = banner("info", "Starting the sampling worker…")
 
-        def progress(done: int, total: int, msg: str) -> None:
-            self._progress.value = int(100 * done / max(total, 1))
-            self._status.object = banner("info", msg)
+            def progress(done: int, total: int, msg: str) -> None:
+                self._progress.value = int(100 * done / max(total, 1))
+                self._status.object = banner("info", msg)
 
-        try:
-            result = await generate(self.state.store, self.state.policy_path, self.prompts(), config,
-                                    on_progress=progress, cancel=self._cancel)
-        except (TaskParseError, PolicyLoadError, ConfigError, StoreError) as exc:  # bad input: say what
-            self._status.object = banner("error", str(exc))
-            result = None
-        except Exception as exc:  # anything else is still shown in place; the page lives on
-            self._status.object = banner("error", f"Generate failed: {type(exc).__name__}: {exc}")
-            result = None
-        finally:
-            self.running = False
-            self._go.disabled, self._stop.disabled = False, True
-            self._progress.visible = False
+            try:
+                result = await generate(self.state.store, self.state.policy_path, self.prompts(), config,
+                                        on_progress=progress, cancel=cancel)
+            except (TaskParseError, PolicyLoadError, ConfigError, StoreError) as exc:  # bad input: say what
+                self._status.object = banner("error", str(exc))
+                result = None
+            except Exception as exc:  # anything else is still shown in place; the page lives on
+                self._status.object = banner("error", failure("Generate", exc))
+                result = None
         if result is None or result.status == "failed":
             if is_policy_url(str(self.state.policy_path)):  # the backend may be down: the line says so, with Retry
                 self.backend.check()

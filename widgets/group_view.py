@@ -17,9 +17,9 @@ from studio.queries import credit
 from studio.signals.advantages import EQUAL_TOL, ESTIMATORS
 from studio.store import StoreError
 
-from .clickable import MarkedHTML
-from .state import StudioState
-from .style import CSS, REDRAWN, SCALES, banner, chip, esc
+from .base.clickable import MarkedHTML
+from .base.state import StudioState
+from .base.style import CSS, REDRAWN, SCALES, banner, chip, esc
 from .token_strip import step_verdicts, strip_html
 
 GRID_CSS = """

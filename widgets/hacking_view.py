@@ -9,12 +9,12 @@ import param
 from studio.rewards import rules
 from studio.store import StoreError
 
-from .clickable import ClickableHTML
-from .entropy_view import _hv, _opts
-from .lazy import LazyView
+from .base.clickable import ClickableHTML
+from .base.lazy import LazyView
+from .base.plots import holoviews, plot_opts
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 from .rule_panel import DIFF_CSS
-from .state import StudioState
-from .style import CSS, banner, esc
 
 MATRIX_CSS = """
 table.matrix { border-collapse:collapse; font-size:13px; margin:4px 0 8px 0; }
@@ -111,17 +111,17 @@ class HackingView(LazyView):
         except StoreError as exc:
             self._matrix.object = banner("error", str(exc))
             return
-        hv = _hv()
+        hv = holoviews()
         r = lc.set_index("rule_version_id")["r"].get(b, np.nan)
         self._length.object = hv.Scatter(tot, "n_tokens", "reward").opts(
-            **_opts(title=f"B: reward vs length (r = {r:.2f})", xlabel="completion tokens", ylabel="reward",
+            **plot_opts(title=f"B: reward vs length (r = {r:.2f})", xlabel="completion tokens", ylabel="reward",
                     size=4, alpha=0.35, color="#3b5bdb", height=250))
         self._corr.object = ('<table class="diff"><tr><th>version</th><th>r(reward, length)</th><th>per 10 tokens</th></tr>'
                              + "".join(f'<tr><td class="mono">{esc(x.rule_version_id)}</td><td>{x.r:+.2f}</td>'
                                        f'<td>{x.per_10_tokens:+.3f}</td></tr>' for x in lc.fillna(0).itertuples())
                              + "</table>")
         self._dominance.object = (hv.Bars(dom, "component", "share").opts(
-            **_opts(title="B: share of reward variance", color="#3b5bdb", height=250, ylabel="share of variance"))
+            **plot_opts(title="B: share of reward variance", color="#3b5bdb", height=250, ylabel="share of variance"))
             if len(dom) and dom["share"].notna().any() else None)
         self._matrix.object = matrix_html(dis) if dis is not None else ""
 

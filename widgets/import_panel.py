@@ -13,37 +13,25 @@ entropy (``studio.runs.enrich``), in the worker pool, with progress and cancel.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
 import time
 from pathlib import Path
 
 import panel as pn
 import param
 
-from studio.ingest import importers
-from studio.ingest.tail import Tailer
+from studio.ingest import importers, tailers
 from studio.runs import enrich
+from studio.runs.registry import known_policies
 from studio.store import StoreError
 from studio.workers.vocab import PolicyLoadError
 
-from .minirun_panel import known_policies
-from .state import StudioState
-from .style import CSS, banner, esc
+from .base.jobs import Job
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 
 AUTO = "detect"
 MAX_PROBLEMS = 25
-
-
-def tailers() -> dict[tuple[str, str], "Tailer"]:
-    """The server's folder tailers, by (store path, folder): they outlive the page that started them."""
-    return pn.state.as_cached("rollout-studio-tailers", dict)
-
-
-def tail_rows(store) -> int:
-    """Rollouts the tailers of ``store`` have added so far (a page polls this to refresh)."""
-    return sum(t.status.get("rollouts", 0) for k, t in tailers().items() if k[0] == store.path)
 
 
 def problems_html(problems, total: int | None = None) -> str:
@@ -85,7 +73,8 @@ class ImportPanel(pn.viewable.Viewer):
 
     def __init__(self, **params):
         super().__init__(**params)
-        self._cancel = threading.Event()
+        self._job = Job(on_running=self._importing)  # an import (a thread, with progress and cancel)
+        self._enriching = Job(on_running=self._enrich_running)  # an enrich (in the worker pool)
         self._source = pn.widgets.TextInput(name="Run folder or files on the server (comma-separated)",
                                             placeholder="/runs/grpo-qwen/completions", sizing_mode="stretch_width",
                                             css_classes=["import-source"])
@@ -111,7 +100,7 @@ class ImportPanel(pn.viewable.Viewer):
         self._go = pn.widgets.Button(name="Import", color="primary", width=120, css_classes=["import-button"])
         self._stop = pn.widgets.Button(name="Cancel", color="light", width=90, disabled=True)
         self._go.on_click(self._on_import)
-        self._stop.on_click(lambda e: self._cancel.set())
+        self._stop.on_click(lambda e: self._job.cancel())
         self._progress = pn.indicators.Progress(value=0, max=100, sizing_mode="stretch_width", visible=False,
                                                 bar_color="primary", height=12)
         self._message = pn.pane.HTML("", stylesheets=[CSS, PANEL_CSS], sizing_mode="stretch_width",
@@ -184,13 +173,13 @@ class ImportPanel(pn.viewable.Viewer):
         self._draw_tails()
 
     def _draw_tails(self) -> None:
-        mine = {k: t for k, t in tailers().items() if k[0] == self.state.store.path}
+        mine = tailers.tailers_of(self.state.store)
         if not mine:
             self._tails.object = '<div class="hint">None. Tick "Keep watching" when importing a folder.</div>'
             self._stop_tail.visible = False
             return
         rows = []
-        for (_, folder), t in mine.items():
+        for folder, t in mine.items():
             st = t.status
             err = f'<span class="bad">{esc(str(st.get("last_error")))}</span>' if st.get("last_error") else "ok"
             last = time.strftime("%H:%M:%S", time.localtime(st["last_poll"])) if st.get("last_poll") else "–"
@@ -198,19 +187,24 @@ class ImportPanel(pn.viewable.Viewer):
                         f"<td>{last}</td><td>{err}</td></tr>")
         self._tails.object = ('<table class="tails"><tr><th>folder</th><th>files</th><th>rollouts</th>'
                               f'<th>last poll</th><th>state</th></tr>{"".join(rows)}</table>')
-        self._stop_tail.options = ["", *[folder for (_, folder) in mine]]
+        self._stop_tail.options = ["", *mine]
         self._stop_tail.visible = True
 
     def _on_stop_tail(self, event) -> None:
         if not event.new:
             return
-        t = tailers().pop((self.state.store.path, event.new), None)
-        if t is not None:
-            t.stop()
+        tailers.unwatch(self.state.store, event.new)
         self._stop_tail.value = ""
         self._draw_tails()
 
     # -- import -------------------------------------------------------------------------------
+    def _importing(self, on: bool) -> None:
+        """An import starts (``on``) or ends: the buttons and the progress bar follow."""
+        self.running, self._go.disabled, self._stop.disabled = on, on, not on
+        if on:
+            self._progress.value = 0
+        self._progress.visible = on
+
     def _paths(self) -> list[Path]:
         paths = [Path(p.strip()).expanduser() for p in self._source.value.split(",") if p.strip()]
         if self._upload.value:
@@ -251,36 +245,28 @@ class ImportPanel(pn.viewable.Viewer):
             self._message.object = banner("error", f"Not found on the server: {', '.join(missing)}")
             return
         fmt = None if self._format.value == AUTO else self._format.value
-        store, done = self.state.store, [0, 0]
-        self._cancel.clear()
-        self.running, self._go.disabled, self._stop.disabled = True, True, False
-        self._progress.value, self._progress.visible = 0, True
-        self._message.object = banner("info", f"Importing {len(paths)} path(s)…")
+        store = self.state.store
+        with self._job.claim() as cancel:
+            self._message.object = banner("info", f"Importing {len(paths)} path(s)…")
 
-        def work():
-            return importers.import_run(store, paths if len(paths) > 1 else paths[0], fmt, mapping=mapping,
-                                        on_error=self._on_error.value, name=self._name.value.strip() or None,
-                                        progress=lambda d, t: done.__setitem__(slice(0, 2), [d, t]),
-                                        cancel=self._cancel, tail=self._tail.value)
+            def work(report):
+                return importers.import_run(store, paths if len(paths) > 1 else paths[0], fmt, mapping=mapping,
+                                            on_error=self._on_error.value, name=self._name.value.strip() or None,
+                                            progress=report, cancel=cancel, tail=self._tail.value)
 
-        task = asyncio.ensure_future(asyncio.to_thread(work))
-        try:
-            while not task.done():
-                await asyncio.sleep(0.25)
-                if done[1]:
-                    self._progress.value = int(100 * done[0] / done[1])
-            report = task.result()
-        except importers.MalformedInput as exc:
-            self._message.object = (banner("error", f"Nothing imported: {len(exc.problems):,} malformed line(s). "
-                                                    "Fix them, or choose 'skip' to import the rest.")
-                                    + problems_html(exc.problems))
-            return
-        except (importers.ImportFormatError, StoreError, OSError, ValueError) as exc:
-            self._message.object = banner("error", f"Nothing imported: {exc}")
-            return
-        finally:
-            self.running, self._go.disabled, self._stop.disabled = False, False, True
-            self._progress.visible = False
+            def progress(done: int, total: int) -> None:
+                self._progress.value = int(100 * done / total)
+
+            try:
+                report = await self._job.thread(work, progress=progress)
+            except importers.MalformedInput as exc:
+                self._message.object = (banner("error", f"Nothing imported: {len(exc.problems):,} malformed line(s). "
+                                                        "Fix them, or choose 'skip' to import the rest.")
+                                        + problems_html(exc.problems))
+                return
+            except (importers.ImportFormatError, StoreError, OSError, ValueError) as exc:
+                self._message.object = banner("error", f"Nothing imported: {exc}")
+                return
         if report.cancelled:
             self._message.object = banner("warn", "Cancelled: nothing was imported.")
             return
@@ -295,35 +281,31 @@ class ImportPanel(pn.viewable.Viewer):
                 self._message.object += banner("warn", "Keep watching follows folders: the files picked alone "
                                                        "are not watched.")
             for folder in folders:
-                key = (store.path, str(folder.resolve()))
-                if key not in tailers():
-                    t = Tailer(store, folder, fmt=fmt, mapping=mapping, on_error="skip",
-                                         run_id=report.run_id)
-                    t.start()
-                    tailers()[key] = t
+                tailers.watch(store, folder, fmt=fmt, mapping=mapping, on_error="skip", run_id=report.run_id)
         self._upload.value = None  # uploaded files are imported once
         self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)  # refills the pickers
         if report.run_id in self._enrich_run.options.values():
             self._enrich_run.value = report.run_id  # the run just imported is the one to enrich
 
     # -- enrich -------------------------------------------------------------------------------
+    def _enrich_running(self, on: bool) -> None:
+        self.running, self._enrich_go.disabled = on, on
+
     async def _on_enrich(self, event=None) -> None:
         if self.running or not self._enrich_run.value:
             return
-        self.running, self._enrich_go.disabled = True, True
-        self._enrich_message.object = banner("info", "Starting the worker…")
+        with self._enriching.claim():
+            self._enrich_message.object = banner("info", "Starting the worker…")
 
-        def progress(done: int, total: int) -> None:
-            self._enrich_message.object = banner("info", f"Enriched {done:,} of {total:,} rollouts…")
+            def progress(done: int, total: int) -> None:
+                self._enrich_message.object = banner("info", f"Enriched {done:,} of {total:,} rollouts…")
 
-        try:
-            report = await enrich.enrich(self.state.store, self._enrich_policy.value, run_id=self._enrich_run.value,
-                                         progress=progress)
-        except (PolicyLoadError, StoreError) as exc:
-            self._enrich_message.object = banner("error", str(exc))
-            return
-        finally:
-            self.running, self._enrich_go.disabled = False, False
+            try:
+                report = await enrich.enrich(self.state.store, self._enrich_policy.value,
+                                             run_id=self._enrich_run.value, progress=progress)
+            except (PolicyLoadError, StoreError) as exc:
+                self._enrich_message.object = banner("error", str(exc))
+                return
         skipped = f"; {len(report.skipped):,} skipped ({report.skipped[0][1]}…)" if report.skipped else ""
         self._enrich_message.object = banner(
             "info", f"Enriched {report.n_rollouts:,} rollouts ({report.n_tokens:,} tokens) with "

@@ -19,12 +19,14 @@ from sample_data import EARLY_POLICY_DIR, POLICY_DIR
 from studio.queries import lookups
 from studio.runs import minirun
 from studio.runs.minirun import CURVES
+from studio.runs.registry import known_policies
 from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
 
-from .entropy_view import _hv, _opts
-from .lazy import LazyView
-from .state import StudioState
-from .style import CSS, banner, esc
+from .base.jobs import Job, failure
+from .base.lazy import LazyView
+from .base.plots import holoviews, plot_opts
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 
 LABELS = {"reward_mean": "reward (mean)", "accuracy": "accuracy", "entropy": "entropy (nats/token)",
           "kl": "KL to reference", "clip_frac": "clipped share", "completion_len": "completion length",
@@ -41,15 +43,6 @@ table.diff td.run { font-weight:600; }
 SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
          "all_equal_share": "all-equal", "step_s": "s / step"}
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
-
-
-def known_policies(store) -> dict[str, str]:
-    """Label -> folder of every policy a picker can offer: the bundled two and every
-    mini-run checkpoint in the store."""
-    out = {"sample policy": str(POLICY_DIR), "sample policy (early checkpoint)": str(EARLY_POLICY_DIR)}
-    for r in minirun.checkpoints(store).itertuples():
-        out[f"{r.name} · step {int(r.step)}"] = r.path
-    return out
 
 
 def _fmt_s(s: float | None) -> str:
@@ -153,6 +146,7 @@ class MiniRunPanel(LazyView):
                                           disabled=not can_run, css_classes=["eval-button"])
         if can_run:
             self._eval_go.on_click(self._on_eval)
+        self._eval_job = Job(on_running=lambda on: setattr(self._eval_go, "disabled", on or not self._can_run))
         self._eval_out = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", css_classes=["eval-result"])
         grid = [self._inputs[n] for n in ("estimator", "group_size", "prompts_per_step", "steps", "learning_rate",
                                           "clip_eps", "kl_beta", "entropy_q", "temperature", "max_new_tokens",
@@ -268,16 +262,14 @@ class MiniRunPanel(LazyView):
     async def _on_eval(self, event=None) -> None:
         a, b = self._eval_a.value, self._eval_b.value
         names = {v: k for k, v in self._eval_a.options.items()}
-        self._eval_go.disabled = True
-        self._eval_out.object = banner("info", "evaluating both policies on 200 held-out prompts…")
-        try:
-            ra = await minirun.evaluate(a)
-            rb = await minirun.evaluate(b)
-        except Exception as exc:  # a deleted checkpoint, a broken folder: say which
-            self._eval_out.object = banner("error", f"evaluation failed: {type(exc).__name__}: {exc}")
-            return
-        finally:
-            self._eval_go.disabled = not self._can_run
+        with self._eval_job.claim():
+            self._eval_out.object = banner("info", "evaluating both policies on 200 held-out prompts…")
+            try:
+                ra = await minirun.evaluate(a)
+                rb = await minirun.evaluate(b)
+            except Exception as exc:  # a deleted checkpoint, a broken folder: say which
+                self._eval_out.object = banner("error", failure("evaluation", exc))
+                return
         rows = "".join(
             f'<tr><td>{esc(k)}</td><td>{ra[k]:.3f}</td><td>{rb[k]:.3f}</td><td><b>{rb[k] - ra[k]:+.3f}</b></td></tr>'
             for k in ("accuracy", "pass@4", "greedy_accuracy", "mean_length", "entropy"))
@@ -358,7 +350,7 @@ class MiniRunPanel(LazyView):
         if df.empty:
             self._curves.object, self._table.object = None, ""
             return
-        hv = _hv()
+        hv = holoviews()
         colors = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(ids)}
         self._table.object = summary_html(minirun.summary(self.state.store, ids), colors)
         names = dict(zip(df["run_id"], df["run"]))
@@ -371,7 +363,7 @@ class MiniRunPanel(LazyView):
                       for r in ids if (sub["run_id"] == r).any()]
             if not layers:
                 continue
-            ov = hv.Overlay(layers).opts(**_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
+            ov = hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
                                                  show_legend=m == "reward_mean", legend_position="bottom_right",
                                                  tools=["hover", "tap"]))
             plots.append(ov)

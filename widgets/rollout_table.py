@@ -17,8 +17,9 @@ from bokeh.models.widgets.tables import NumberFormatter
 from studio import queries
 from studio.store import StoreError
 
-from .state import StudioState, run_labels
-from .style import banner
+from .base.pickers import run_labels
+from .base.state import StudioState
+from .base.style import banner
 
 ALL_RUNS = "All runs"
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling

@@ -9,21 +9,21 @@ strip. The rule code itself only ever runs in the sandbox's worker processes.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import panel as pn
 import param
 
-from sample_data import REWARD_MODEL_DIR  # noqa: E402
+from sample_data import REWARD_MODEL_DIR
 from studio.rewards import rules
 from studio.rewards.sandbox import RuleSourceError, check_source
 from studio.store import StoreError
 
-from .clickable import ClickableHTML
-from .lazy import LazyView
-from .state import StudioState
-from .style import CSS, banner, esc
+from .base.clickable import ClickableHTML
+from .base.jobs import Job
+from .base.lazy import LazyView
+from .base.plots import holoviews, plot_opts
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 
 NO_RM = "none"
 
@@ -78,9 +78,7 @@ def diff_html(d: rules.Diff, limit: int = 40) -> str:
 
 def reward_hist(d: rules.Diff):
     """Reward distributions under A and B, overlaid."""
-    from .entropy_view import _hv, _opts
-
-    hv = _hv()
+    hv = holoviews()
     lo = float(min(d.rows["reward_a"].min(), d.rows["reward_b"].min()))
     hi = float(max(d.rows["reward_a"].max(), d.rows["reward_b"].max()))
     hi = hi if hi > lo else lo + 1.0
@@ -89,7 +87,7 @@ def reward_hist(d: rules.Diff):
     cb, _ = np.histogram(d.rows["reward_b"], edges)
     a = hv.Histogram((edges, ca), kdims=["reward"], vdims=["rollouts"], label="A").opts(alpha=0.45, color="#868e96")
     b = hv.Histogram((edges, cb), kdims=["reward"], vdims=["rollouts"], label="B").opts(alpha=0.55, color="#3b5bdb")
-    return (a * b).opts(**_opts(title="Reward distribution, A (grey) and B (blue)", height=230, legend_position="top_right"))
+    return (a * b).opts(**plot_opts(title="Reward distribution, A (grey) and B (blue)", height=230, legend_position="top_right"))
 
 
 class RulePanel(LazyView):
@@ -107,7 +105,8 @@ class RulePanel(LazyView):
     def __init__(self, can_run: bool = True, **params):
         super().__init__(**params)
         self._can_run = can_run
-        self._cancel: threading.Event | None = None
+        self._job = Job(on_running=self._applying)  # a rule applied in the sandbox, cancellable
+        self._rm_job = Job(on_running=lambda on: setattr(self._rm_go, "disabled", on))  # a reward-model scoring
         self.editor = pn.widgets.CodeEditor(value=rules.DEFAULT_SOURCE, language="python", theme="chrome",
                                             sizing_mode="stretch_width", height=340, css_classes=["rule-editor"],
                                             disabled=not can_run)
@@ -123,7 +122,7 @@ class RulePanel(LazyView):
         self._check.on_click(self._on_check)
         if can_run:  # browse-only sessions get no callback that could run rule code
             self._apply.on_click(self._on_apply)
-            self._stop.on_click(lambda e: self._cancel.set() if self._cancel else None)
+            self._stop.on_click(lambda e: self._job.cancel())
         self._rm_go = pn.widgets.Button(name="Score with reward model", color="light", width=190,
                                         css_classes=["rm-button"], disabled=not can_run)
         if can_run:
@@ -215,33 +214,33 @@ class RulePanel(LazyView):
         self._status.object = banner("info", "the rule parses and defines reward(); Apply runs it in the sandbox")
         return True
 
+    def _applying(self, on: bool) -> None:
+        """A rule's apply starts (``on``) or ends: buttons and progress bar follow."""
+        self._apply.disabled, self._stop.disabled = on or not self._can_run, not on
+        if on:
+            self._progress.value = 0
+        self._progress.visible = on
+
     async def _on_apply(self, event=None) -> None:
-        if not self._can_run or self._cancel is not None or not self._on_check():
+        if not self._can_run or self._job.running or not self._on_check():
             return
         st = self.state
-        cancel = threading.Event()
-        self._cancel = cancel
-        self._apply.disabled, self._stop.disabled = True, False
-        self._progress.value, self._progress.visible = 0, True
+        with self._job.claim() as cancel:
 
-        def progress(done: int, total: int) -> None:
-            self._progress.max, self._progress.value = max(1, total), done
+            def progress(done: int, total: int) -> None:
+                self._progress.max, self._progress.value = max(1, total), done
 
-        scope = st.table_filter if SCOPES[self.scope] == "filter" else None
-        try:
-            res = await rules.apply_rule(st.store, self.editor.value, self.rule_name, self.note, scope=scope,
-                                         on_progress=progress, cancel=cancel,
-                                         sources={"rm": self.rm_source} if self.rm_source != NO_RM else None)
-        except RuleSourceError as exc:
-            self._show_problems(exc.problems)
-            return
-        except StoreError as exc:
-            self._status.object = banner("error", str(exc))
-            return
-        finally:
-            self._cancel = None
-            self._apply.disabled, self._stop.disabled = not self._can_run, True
-            self._progress.visible = False
+            scope = st.table_filter if SCOPES[self.scope] == "filter" else None
+            try:
+                res = await rules.apply_rule(st.store, self.editor.value, self.rule_name, self.note, scope=scope,
+                                             on_progress=progress, cancel=cancel,
+                                             sources={"rm": self.rm_source} if self.rm_source != NO_RM else None)
+            except RuleSourceError as exc:
+                self._show_problems(exc.problems)
+                return
+            except StoreError as exc:
+                self._status.object = banner("error", str(exc))
+                return
         if res.status in ("done", "unchanged"):
             msg = (f"{res.rule_version_id}: {res.scored:,} rollouts scored in {res.seconds:.1f} s"
                    if res.status == "done" else f"{res.rule_version_id}: {res.message}")
@@ -265,16 +264,14 @@ class RulePanel(LazyView):
         """Score the scope with the reward model: a version of its own (rm-<folder>@<hash>)."""
         if not self._can_run:
             return
-        self._rm_go.disabled = True
-        self._status.object = banner("info", f"scoring with the reward model in {self.rm_folder}…")
-        scope = self.state.table_filter if SCOPES[self.scope] == "filter" else None
-        try:
-            res = await rules.score_with_reward_model(self.state.store, self.rm_folder, scope=scope)
-        except Exception as exc:  # a missing folder, an unloadable model, a dead worker: say which
-            self._status.object = banner("error", f"could not score with the reward model: {exc}")
-            return
-        finally:
-            self._rm_go.disabled = False
+        with self._rm_job.claim():
+            self._status.object = banner("info", f"scoring with the reward model in {self.rm_folder}…")
+            scope = self.state.table_filter if SCOPES[self.scope] == "filter" else None
+            try:
+                res = await rules.score_with_reward_model(self.state.store, self.rm_folder, scope=scope)
+            except Exception as exc:  # a missing folder, an unloadable model, a dead worker: say which
+                self._status.object = banner("error", f"could not score with the reward model: {exc}")
+                return
         self._status.object = banner("info", f"{res.rule_version_id}: " + (
             f"{res.scored:,} rollouts scored in {res.seconds:.1f} s" if res.status == "done" else (res.message or "")))
         self.state.refresh += 1

@@ -7,8 +7,6 @@ loop, and returns at most 1,000 rows. A refused or failing query says why in pla
 """
 from __future__ import annotations
 
-import asyncio
-
 import duckdb
 import numpy as np
 import pandas as pd
@@ -18,8 +16,9 @@ import param
 from studio.queries import console
 from studio.store import QueryTimeout, schema
 
-from .state import StudioState
-from .style import CSS, banner, esc
+from .base.jobs import Job
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
 
 PICK = "examples…"
 
@@ -65,6 +64,7 @@ class SQLConsole(pn.viewable.Viewer):
         self._run = pn.widgets.Button(name="Run (read-only)", color="primary", width=150,
                                       css_classes=["sql-run"])
         self._run.on_click(self._on_run)
+        self._job = Job(on_running=self._running)  # one query at a time, off the event loop
         self._message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["sql-message"])
         self._table = pn.widgets.Tabulator(pd.DataFrame(), pagination="local", page_size=15, disabled=True, layout="fit_data_fill",
                                            sizing_mode="stretch_width", show_index=False,
@@ -83,24 +83,25 @@ class SQLConsole(pn.viewable.Viewer):
             self.sql = console.EXAMPLES[event.new]
             self._examples.value = PICK
 
+    def _running(self, on: bool) -> None:
+        self.running, self._run.disabled = on, on
+
     async def _on_run(self, event=None) -> None:
         if self.running:
             return
-        self.running, self._run.disabled = True, True
-        self._message.object = banner("info", "Running…")
-        try:
-            result = await asyncio.to_thread(console.run, self.state.store, self.sql)
-        except console.ReadOnlyError as exc:
-            self._message.object = banner("error", f"Not run: {exc}.")
-            return
-        except QueryTimeout as exc:
-            self._message.object = banner("error", str(exc))
-            return
-        except duckdb.Error as exc:
-            self._message.object = banner("error", f"DuckDB: {str(exc).splitlines()[0]}")
-            return
-        finally:
-            self.running, self._run.disabled = False, False
+        with self._job.claim():
+            self._message.object = banner("info", "Running…")
+            try:
+                result = await self._job.thread(console.run, self.state.store, self.sql)
+            except console.ReadOnlyError as exc:
+                self._message.object = banner("error", f"Not run: {exc}.")
+                return
+            except QueryTimeout as exc:
+                self._message.object = banner("error", str(exc))
+                return
+            except duckdb.Error as exc:
+                self._message.object = banner("error", f"DuckDB: {str(exc).splitlines()[0]}")
+                return
         more = f" (the first {len(result.frame):,}: more rows matched)" if result.truncated else ""
         self._message.object = (f'<div class="meta-line sql-summary"><span><b class="sql-rows">{len(result.frame):,}'
                                 f'</b> rows{more}</span><span>{result.seconds * 1000:,.0f} ms</span></div>')

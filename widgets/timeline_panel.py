@@ -9,11 +9,13 @@ have: paired statistics (``studio.queries.timeline.run_diff``), reward A against
 the prompts that moved most (a click shows that prompt's timeline).
 
 Queries run in a worker thread (DuckDB releases the GIL), so a diff over a million rollouts
-never holds up the page; a newer request supersedes an older one still running.
+never holds up the page; a newer request supersedes an older one still running (one
+``widgets.base.jobs.Job`` per kind of request). The plots are ``widgets.timeline_plots``', the
+HTML ``widgets.timeline_html``'s.
 """
 from __future__ import annotations
 
-import asyncio
+import collections
 from collections.abc import Callable
 
 import numpy as np
@@ -25,235 +27,18 @@ from studio.queries import timeline as tl
 from studio.queries.timeline import Side
 from studio.store import StoreError
 
-from .clickable import ClickableHTML
-from .entropy_view import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, _hv, _opts
-from .lazy import LazyView
-from .state import StudioState, run_choices
-from .style import ACCENT, CSS, SCALES, banner, chip, esc
+from .base.clickable import ClickableHTML
+from .base.jobs import Job
+from .base.lazy import LazyView
+from .base.pickers import run_choices, set_choices
+from .base.plots import holoviews
+from .base.state import StudioState
+from .base.style import CSS, banner, esc
+from .timeline_html import TL_CSS, fmt_num, movers_html, prompt_info_html, steps_html, summary_html
+from .timeline_plots import PLOT_H, SCATTER_H, diff_scatter, entropy_plot, length_plot, reward_plot, scatter_points
 
 WHOLE_RUN = "whole run"
-MAX_SCATTER = 5000  # points drawn in the diff scatter (a seeded sample past it; movers always drawn)
 N_MOVERS = 10
-LENGTH_COLOR = "#495057"
-STEP_COLOR = "#1f2937"
-TIE_COLOR = "#adb5bd"
-PLOT_H, SCATTER_H = 270, 400
-# legends above the plot, in a row: inside they cover the points that matter
-LEGEND_TOP = {"show_legend": True, "legend_position": "top", "legend_cols": 4,
-              "legend_opts": {"label_text_font_size": "8.5pt", "padding": 2, "spacing": 6, "margin": 0,
-                              "glyph_width": 16, "border_line_alpha": 0}}
-
-TL_CSS = """
-.tl-head { font-size:11px; font-weight:700; letter-spacing:.06em; color:#6b7280; text-transform:uppercase;
-           margin:2px 0 0 0; }
-table.tl { border-collapse:collapse; width:100%; font-size:12px; font-variant-numeric:tabular-nums;
-           table-layout:fixed; }
-table.tl th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
-table.tl td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowrap; overflow:hidden;
-              text-overflow:ellipsis; }
-table.tl tr.pick { cursor:pointer; } table.tl tr.pick:hover { background:#edf2ff; }
-table.tl tr.selected td { background:#e7f5ff; }
-table.tl td.mono { font-family:'DejaVu Sans Mono', monospace; font-size:11.5px; }
-table.tl td.num { text-align:right; }
-.movers { display:flex; flex-direction:column; gap:8px; }
-.up { color:#1864ab; font-weight:700; } .down { color:#c92a2a; font-weight:700; }
-.prompt-text { font-family:'DejaVu Sans Mono', monospace; font-size:12.5px; white-space:pre-wrap;
-               background:#f8f9fa; border:1px solid #e9ecef; border-radius:6px; padding:4px 8px;
-               max-height:4.6em; overflow:auto; }
-.stat { white-space:nowrap; }
-"""
-
-
-def fmt_p(p: float) -> str:
-    """A p-value as the summary prints it."""
-    if p is None or pd.isna(p):
-        return "–"
-    return "< 0.0001" if p < 1e-4 else f"{p:.4f}"
-
-
-def fmt_num(x: float | None, spec: str = "+.3f") -> str:
-    if x is None or pd.isna(x):
-        return "–"
-    return format(round(float(x), 3) + 0.0, spec)
-
-
-def summary_html(d: tl.RunDiff) -> str:
-    """The diff's summary line (every number also in a ``data-`` attribute for tests)."""
-    if d.shared == 0:
-        return banner("info", f"No prompt is on both sides (A only: {d.only_a:,}, B only: {d.only_b:,}): "
-                              "pick steps or runs that sampled the same prompts.")
-    if d.n == 0:
-        return banner("info", f"{d.shared:,} shared prompts, but no rewards on both sides under this rule version.")
-    ci = "bootstrap" if d.ci_method == "bootstrap" else "normal approximation"
-    delta_cls = "up" if d.mean_delta > 0 else "down" if d.mean_delta < 0 else ""
-    return (
-        f'<div class="meta-line diff-line" data-shared="{d.shared}" data-n="{d.n}" '
-        f'data-delta="{d.mean_delta:.6f}" data-ci-lo="{d.ci_lo:.6f}" data-ci-hi="{d.ci_hi:.6f}" '
-        f'data-p-wilcoxon="{d.p_wilcoxon:.6g}" data-p-sign="{d.p_sign:.6g}" data-wins="{d.wins}" '
-        f'data-ties="{d.ties}" data-losses="{d.losses}">'
-        f'<span class="stat"><b class="d-shared">{d.shared:,}</b> shared prompts '
-        f'<span class="muted">(A only {d.only_a:,} · B only {d.only_b:,})</span></span>'
-        f'<span class="stat">mean reward <b>{fmt_num(d.mean_a, ".3f")}</b> → <b>{fmt_num(d.mean_b, ".3f")}</b></span>'
-        f'<span class="stat">Δ <b class="d-delta {delta_cls}">{fmt_num(d.mean_delta)}</b> '
-        f'<span title="95% interval, paired {esc(ci)} over prompts">[<span class="d-ci">{fmt_num(d.ci_lo)}, '
-        f'{fmt_num(d.ci_hi)}</span>]</span></span>'
-        f'<span class="stat" title="Wilcoxon signed-rank test on per-prompt differences">Wilcoxon p '
-        f'<b class="d-pw">{fmt_p(d.p_wilcoxon)}</b></span>'
-        f'<span class="stat" title="sign test: wins against losses, ties left out">sign p '
-        f'<b class="d-ps">{fmt_p(d.p_sign)}</b></span>'
-        f'<span class="stat">win / tie / loss <b class="d-wtl">{d.wins:,} / {d.ties:,} / {d.losses:,}</b></span>'
-        f'<span class="stat">accuracy <b class="d-acc">{fmt_num(d.accuracy_a, ".3f")} → '
-        f'{fmt_num(d.accuracy_b, ".3f")}</b></span></div>')
-
-
-def movers_html(m: pd.DataFrame) -> str:
-    """Two tables side by side: prompts whose reward rose most (B over A) and fell most."""
-    def table(rows: pd.DataFrame, title: str, cls: str) -> str:
-        if rows.empty:
-            body = '<tr><td colspan="5" class="empty">none</td></tr>'
-        else:
-            body = "".join(
-                f'<tr class="pick mover" data-click="mover" data-value="{esc(r.prompt_id)}" title="{esc(r.prompt)}">'
-                f'<td class="mono">{esc(r.prompt)}</td><td class="num">{fmt_num(r.reward_a, ".2f")}</td>'
-                f'<td class="num">{fmt_num(r.reward_b, ".2f")}</td><td class="num {cls}">{fmt_num(r.delta, "+.2f")}</td>'
-                f'<td class="num muted">{int(r.n_a)}/{int(r.n_b)}</td></tr>' for r in rows.itertuples())
-        return (f'<div><div class="meta-line"><b>{esc(title)}</b></div><table class="tl">'
-                '<colgroup><col><col style="width:46px"><col style="width:46px"><col style="width:52px">'
-                '<col style="width:54px"></colgroup>'
-                '<tr><th>prompt</th><th class="num">A</th><th class="num">B</th><th class="num">Δ</th>'
-                f'<th class="num" title="completions A / B">n</th></tr>{body}</table></div>')
-    up, down = m[m["direction"] == "up"], m[m["direction"] == "down"]
-    return (f'<div class="movers">{table(up, "rose most (B above A)", "up")}'
-            f'{table(down, "fell most (B below A)", "down")}</div>'
-            '<div class="meta-line"><span class="muted">click a prompt to see its timeline above</span></div>')
-
-
-def steps_html(df: pd.DataFrame, selected: str, prompt_id: str = "", step: int | None = None) -> str:
-    """One step's completions (of ``prompt_id`` at ``step``); a click opens one in the token strip."""
-    if df.empty:
-        return '<div class="empty">No completions at this step.</div>'
-    rows = []
-    for r in df.itertuples():
-        ok = "" if pd.isna(r.accuracy) else ('<b class="ok">✓</b>' if r.accuracy >= 1 else '<b class="bad">✗</b>')
-        sel = " selected" if r.rollout_id == selected else ""
-        adv = None if pd.isna(r.advantage) else float(r.advantage)
-        ent = "no tokens" if pd.isna(r.entropy) else f"{r.entropy:.3f}"
-        rows.append(
-            f'<tr class="pick step-row{sel}" data-click="open" data-value="{esc(r.rollout_id)}">'
-            f'<td class="muted">#{int(r.sample_idx) if not pd.isna(r.sample_idx) else "?"}</td><td>{ok}</td>'
-            f'<td class="num">{fmt_num(r.reward, ".3f")}</td><td>{chip(adv, SCALES["advantage"])}</td>'
-            f'<td class="num">{esc(ent)}</td><td class="num">{"–" if pd.isna(r.n_tokens) else int(r.n_tokens)}</td>'
-            f'<td class="muted">{esc(r.finish_reason or "")}</td><td class="mono" title="{esc(r.text)}">'
-            f'{esc(r.text)}</td></tr>')
-    return (f'<table class="tl steps" data-prompt="{esc(prompt_id)}" data-step="{esc(step)}">'
-            '<colgroup><col style="width:34px"><col style="width:30px"><col style="width:58px">'
-            '<col style="width:70px"><col style="width:80px"><col style="width:52px"><col style="width:52px"><col>'
-            '</colgroup><tr><th></th><th></th><th class="num">reward</th><th>advantage</th>'
-            '<th class="num">entropy</th><th class="num">tokens</th><th>finish</th><th>completion</th></tr>'
-            + "".join(rows) + "</table>")
-
-
-def step_line(step: int | None, spans: dict | None):
-    """A dotted line at ``step``. Its Bokeh ``Span`` is kept in ``spans`` when the plot is
-    built, so a later step moves the line (``span.location``) without redrawing the plots."""
-    hv = _hv()
-
-    def grab(plot, element):
-        if spans is not None:
-            span = plot.handles["glyph"]
-            spans[id(span)] = span
-    return hv.VLine(step if step is not None else 0).opts(
-        color=STEP_COLOR, line_dash="dotted", line_width=1.5, alpha=1 if step is not None else 0, hooks=[grab])
-
-
-X = ("train_step", "training step")
-
-
-def reward_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
-    """Mean reward with the min–max band of the step's completions, the accuracy share and
-    the all-equal steps (hollow red), over the training steps."""
-    hv = _hv()
-    hover = ["reward_min", "reward_max", "accuracy", "n"]
-    eq = df[df["all_equal"].eq(True)]  # an object column: True, False or None (unscored)
-    flat = [hv.Scatter(eq, X, [("reward_mean", "reward")], label="all equal").opts(
-        fill_color="white", line_color=BAD_COLOR, marker="circle", size=9, line_width=1.5)] if len(eq) else []
-    return hv.Overlay([
-        hv.Area(df, X, [("reward_min", "reward"), ("reward_max", "reward max")], label="min–max").opts(
-            color=ACCENT, alpha=0.13, line_alpha=0),
-        hv.Curve(df, X, [("reward_mean", "reward"), *hover], label="mean reward").opts(color=ACCENT, line_width=2.2),
-        hv.Scatter(df, X, [("reward_mean", "reward"), *hover]).opts(color=ACCENT, size=5, tools=["hover"]),
-        hv.Curve(df, X, [("accuracy", "reward")], label="accuracy").opts(color=OK_COLOR, line_width=1.8,
-                                                                         line_dash="dashed"),
-        *flat, step_line(step, spans)]).opts(
-        **_opts(title="Reward over steps", ylabel="reward · accuracy share", xlabel="training step", height=PLOT_H,
-                padding=(0.03, 0.08), **LEGEND_TOP))
-
-
-def entropy_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
-    """Mean token entropy over all tokens of each step's completions; a step without tokens
-    is a gap (NaN), not a zero."""
-    hv = _hv()
-    none = df["entropy"].isna().all()
-    return hv.Overlay([
-        hv.Curve(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, line_width=2),
-        hv.Scatter(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, size=5, tools=["hover"]),
-        step_line(step, spans)]).opts(
-        **_opts(title="Mean token entropy: no tokens stored" if none else "Mean token entropy (nats)",
-                ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
-
-
-def length_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
-    """Mean completion length (tokens) over the training steps."""
-    hv = _hv()
-    return hv.Overlay([
-        hv.Curve(df, X, [("length", "tokens")]).opts(color=LENGTH_COLOR, line_width=2),
-        hv.Scatter(df, X, [("length", "tokens")]).opts(color=LENGTH_COLOR, size=5, tools=["hover"]),
-        step_line(step, spans)]).opts(
-        **_opts(title="Mean completion length", ylabel="tokens", xlabel="training step", height=PLOT_H,
-                padding=(0.03, 0.08)))
-
-
-def scatter_points(d: tl.RunDiff, movers: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The shared prompts the scatter draws (a seeded sample past ``MAX_SCATTER``, the
-    movers always in it) and the note saying so."""
-    df = d.per_prompt.dropna(subset=["reward_a", "reward_b"])
-    if len(df) <= MAX_SCATTER:
-        return df, ""
-    keep = set(movers["prompt_id"])
-    rest = df[~df["prompt_id"].isin(keep)].sample(MAX_SCATTER - len(keep), random_state=0)
-    return pd.concat([df[df["prompt_id"].isin(keep)], rest]), f" ({MAX_SCATTER:,} of {len(df):,} shown)"
-
-
-def diff_scatter(df: pd.DataFrame, note: str = ""):
-    """Per-prompt mean reward, A against B, with the diagonal; coloured by who is higher."""
-    hv = _hv()
-    lo = float(min(df["reward_a"].min(), df["reward_b"].min())) if len(df) else 0.0
-    hi = float(max(df["reward_a"].max(), df["reward_b"].max())) if len(df) else 1.0
-    pad = (hi - lo) * 0.05 or 0.05
-    vd = [("reward_b", "B"), "prompt", ("delta", "Δ")]
-    x = ("reward_a", "mean reward, A")
-    layers = [hv.Curve([(lo - pad, lo - pad), (hi + pad, hi + pad)], x, ("reward_b", "B"), label="B = A").opts(
-        color="#868e96", line_dash="dashed", line_width=1)]
-    for name, sel, color in (("B higher", df["delta"] > tl.EQUAL_TOL, ACCENT),
-                             ("A higher", df["delta"] < -tl.EQUAL_TOL, BAD_COLOR),
-                             ("equal", df["delta"].abs() <= tl.EQUAL_TOL, TIE_COLOR)):
-        if sel.any():
-            layers.append(hv.Scatter(df[sel], x, vd, label=name).opts(color=color, size=6, alpha=0.55,
-                                                                      tools=["hover"]))
-    return hv.Overlay(layers).opts(**_opts(
-        title=f"Mean reward per shared prompt{note}", xlabel="mean reward, A", ylabel="mean reward, B",
-        height=SCATTER_H, xlim=(lo - pad, hi + pad), ylim=(lo - pad, hi + pad), **LEGEND_TOP))
-
-
-def set_choices(obj: param.Parameterized, name: str, objects: list, value) -> None:
-    """Give selector ``name`` new ``objects`` and then ``value``, sent to the browser as one
-    patch: a Select shown options without its value (or a value without its options) shows
-    the wrong choice. The widget may pass through its first option on the way: callers hold
-    their watchers off while they call this (``_quiet``)."""
-    with pn.io.hold():
-        obj.param[name].objects = objects
-        if getattr(obj, name) != value:
-            setattr(obj, name, value)
 
 
 class TimelinePanel(LazyView):
@@ -265,9 +50,11 @@ class TimelinePanel(LazyView):
     prompt = param.Selector(default=None, objects=[], allow_None=True, doc="Prompt whose timeline is shown.")
     step = param.Selector(default=None, objects=[], allow_None=True, doc="Training step whose completions are listed.")
     a_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side A: run.")
-    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side A: one training step, or the whole run.")
+    a_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False,
+                            doc="Side A: one training step, or the whole run.")
     b_run = param.Selector(default=None, objects=[], allow_None=True, doc="Side B: run.")
-    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False, doc="Side B: one training step, or the whole run.")
+    b_step = param.Selector(default=WHOLE_RUN, objects=[WHOLE_RUN], check_on_set=False,
+                            doc="Side B: one training step, or the whole run.")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -275,7 +62,8 @@ class TimelinePanel(LazyView):
         self._all_runs: dict[str, str] = {}  # diff run label -> run id
         self._prompts: dict[str, str] = {}  # prompt label -> prompt id
         self._steps: dict[str, int] = {}  # step label -> train step
-        self._pin: tuple[str, str, str] | None = None  # (label, prompt id, run id) kept in the picker (a selection, a mover)
+        # (label, prompt id, run id) kept in the picker (a selection, a mover)
+        self._pin: tuple[str, str, str] | None = None
         self._want_step: int | None = None  # the step to list once the pinned prompt's timeline is in
         self._step_label: int | None = None
         self._step_prompt = ""
@@ -283,9 +71,9 @@ class TimelinePanel(LazyView):
         self._timeline = pd.DataFrame()
         self._step_rows = pd.DataFrame()
         self._diff: tl.RunDiff | None = None
-        self._tokens: dict[str, int] = {}  # request kind -> number of the newest request
-        self._run_steps: dict[str, list[int]] = {}
-        self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen  # run id -> its training steps (until the store changes)
+        self._jobs: dict[str, Job] = collections.defaultdict(Job)  # request kind -> its job (the newest wins)
+        self._run_steps: dict[str, list[int]] = {}  # run id -> its training steps (until the store changes)
+        self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen
         self._loaded = False
         kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
         self._prompt_info = pn.pane.HTML("", css_classes=["timeline-info"], margin=(0, 5), **kw)
@@ -329,28 +117,9 @@ class TimelinePanel(LazyView):
     def _background(self, kind: str, work: Callable[[], object], done: Callable[[object], None],
                     failed: Callable[[str], None]) -> None:
         """Run ``work`` in a thread, then ``done(result)`` in the session, unless a newer
-        request of the same ``kind`` was made meanwhile (its result wins)."""
-        self._tokens[kind] = token = self._tokens.get(kind, 0) + 1
-        if pn.state.curdoc is None or pn.state.curdoc.session_context is None:  # not served (a script): inline
-            try:
-                result = work()
-            except StoreError as exc:
-                failed(str(exc))
-                return
-            done(result)
-            return
-
-        async def task():
-            try:
-                result = await asyncio.to_thread(work)
-            except StoreError as exc:  # e.g. past the query time limit: say so in place
-                if self._tokens.get(kind) == token:
-                    failed(str(exc))
-                return
-            if self._tokens.get(kind) == token:
-                done(result)
-
-        pn.state.execute(task)
+        request of the same ``kind`` was made meanwhile (its result wins); a store error (a
+        query past its time limit) goes to ``failed(message)``, said in place."""
+        self._jobs[kind].submit(work, done, failed, errors=(StoreError,))
 
     # -- choices --------------------------------------------------------------------------
     @param.depends("state.refresh", "state.rule_version", watch=True)
@@ -552,22 +321,7 @@ class TimelinePanel(LazyView):
         want, self._want_step = self._want_step, None
         cur = self._steps.get(self.step)
         pick = want if want in steps else cur if cur in steps else (steps[-1] if steps else None)
-        if len(df):
-            first, last = df.iloc[0], df.iloc[-1]
-            no_tok = int((df["with_tokens"] == 0).sum())
-            self._prompt_info.object = (
-                f'<div class="prompt-text">{esc(text or "")}</div>'
-                f'<div class="meta-line"><span>seen at <b>{len(df)}</b> steps ({steps[0]}–{steps[-1]})</span>'
-                f'<span><b>{int(df["n"].sum()):,}</b> completions</span>'
-                f'<span>mean reward <b>{fmt_num(first.reward_mean, ".3f")}</b> → <b>{fmt_num(last.reward_mean, ".3f")}'
-                f'</b></span><span>accuracy <b>{fmt_num(first.accuracy, ".2f")}</b> → '
-                f'<b>{fmt_num(last.accuracy, ".2f")}</b></span>'
-                f'<span>all-equal steps <b>{int(df["all_equal"].eq(True).sum())}</b></span>'
-                + (f'<span class="muted">{no_tok} step{"s" if no_tok > 1 else ""} without tokens (entropy not '
-                   'known)</span>' if no_tok else "")
-                + '</div>')
-        else:
-            self._prompt_info.object = '<div class="empty">This prompt has no rollouts at a training step here.</div>'
+        self._prompt_info.object = prompt_info_html(df, text)
         label = f"step {pick}" if pick is not None else None
         self._quiet = True  # the plot is drawn below with the new step marked
         try:
@@ -583,7 +337,7 @@ class TimelinePanel(LazyView):
         self._plot.visible = not df.empty
         if df.empty:
             return
-        hv = _hv()
+        hv = holoviews()
         self._spans = {}
         step = self._steps.get(self.step)
         reward = reward_plot(df, step, self._spans)

@@ -25,9 +25,9 @@ from studio.store import StoreError
 from studio.tasks import get_task
 from studio.workers.vocab import decode_ids
 
-from .clickable import ClickableHTML
-from .state import StudioState
-from .style import CSS, REDRAWN, SCALES, STEP_SCALE, banner, chip, esc
+from .base.clickable import ClickableHTML
+from .base.state import StudioState
+from .base.style import CSS, REDRAWN, SCALES, STEP_SCALE, banner, chip, esc
 
 SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
 VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
@@ -274,7 +274,7 @@ class TokenStrip(pn.viewable.Viewer):
     def _view_key(self, s) -> tuple:
         return ("rollout_view", s.rollout_id, s.credit(), s.rule_version or None, s.segmentation())
 
-    def _snapshot(self, **changes) -> "_Shown":
+    def _snapshot(self, **changes) -> _Shown:
         """The state values the strip's HTML depends on (:data:`SHOWN`), as they are, or as ``changes``
         will make them."""
         st = self.state
@@ -318,7 +318,7 @@ class TokenStrip(pn.viewable.Viewer):
         return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
                 s.table_filter if rule.scope == "filter" else None, s.refresh)
 
-    def threshold(self, ro: dict, s: "_Shown") -> Threshold:
+    def threshold(self, ro: dict, s: _Shown) -> Threshold:
         """The fork threshold for this rollout's scope (cached per scope, rule and refresh)."""
         key = self._threshold_key(ro, s)
         if key not in self._thresholds:
@@ -332,7 +332,7 @@ class TokenStrip(pn.viewable.Viewer):
         self._legend.object, self._header.object, self._strip.object = self.state.preloaded(
             s.key(), lambda: self._compose(s, self.state.preloaded))
 
-    def _compose(self, s: "_Shown", preloaded) -> tuple[str, str, str]:
+    def _compose(self, s: _Shown, preloaded) -> tuple[str, str, str]:
         """The legend, header and strip HTML for the state values ``s``: store reads (through
         ``preloaded(key, compute)``, what a preloader read) and string work only, so it runs on a
         thread as well as on the event loop."""

@@ -31,8 +31,8 @@ class StudioTemplate(pn.template.BootstrapTemplate):
     walked once for the whole page instead of once per root added (a third of a page's build).
 
     Once a served page is built, its HTML panes get their full stylesheets in one walk
-    (``widgets.panel_updates.prime_stylesheets``) and its objects are frozen out of the cyclic
-    garbage collector (``widgets.page_gc``).
+    (``widgets.runtime.panel_updates.prime_stylesheets``) and its objects are frozen out of the cyclic
+    garbage collector (``widgets.runtime.page_gc``).
 
     Without Panel's busy indicator: it is one process-wide flag that every callback of every
     session sets on every open page's spinner, so with twenty pages a click costs forty model
@@ -48,7 +48,7 @@ class StudioTemplate(pn.template.BootstrapTemplate):
             return super()._init_doc(doc, comm, title, notebook, location)
         with doc.models.freeze():
             built = super()._init_doc(doc, comm, title, notebook, location)
-        from widgets import page_gc, panel_updates
+        from widgets.runtime import page_gc, panel_updates
 
         if doc.session_context is not None:  # a served page, once built: see the two modules
             doc.add_next_tick_callback(
@@ -78,7 +78,7 @@ def describe_policy(path: str | Path) -> str:
 
 def refusal_page(message: str) -> StudioTemplate:
     """A page that only explains why the studio will not serve here."""
-    from widgets.style import CSS, banner
+    from widgets.base.style import CSS, banner
 
     template = StudioTemplate(title=TITLE, header_background="#1f2937")
     template.main.append(pn.pane.HTML(banner("error", message), stylesheets=[CSS], sizing_mode="stretch_width"))
@@ -98,22 +98,16 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     With ``admins`` set, users outside it browse only: the Generate panel is not built for
     their session at all, so no callback exists that could run code on their behalf.
     """
-    from widgets import panel_updates
-    from widgets.credit_panel import CreditView, credit_controls
-    from widgets.curation_panel import CurationPanel
-    from widgets.entropy_view import EntropyLandscape, PolicyCompare
+    from studio.face.tabs import TABS, index
+    from studio.runs.registry import known_policies
+    from widgets.base.state import StudioState
+    from widgets.base.style import CSS, banner, esc
+    from widgets.credit_panel import credit_controls
     from widgets.fork_panel import ForkPanel
     from widgets.generate_panel import GeneratePanel
-    from widgets.group_view import GroupView
-    from widgets.hacking_view import HackingView
-    from widgets.import_panel import ImportPanel
-    from widgets.minirun_panel import MiniRunPanel, known_policies
     from widgets.rollout_table import RolloutTable
-    from widgets.rule_panel import RulePanel, version_picker
-    from widgets.sql_console import SQLConsole
-    from widgets.state import StudioState
-    from widgets.style import CSS, banner, esc
-    from widgets.timeline_panel import TimelinePanel
+    from widgets.rule_panel import version_picker
+    from widgets.runtime import panel_updates
     from widgets.token_strip import TokenStrip
 
     pn.extension("tabulator", "codeeditor", design="bootstrap", notifications=False)
@@ -198,49 +192,40 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         pn.layout.Divider(),
         run_code,
     ])
-    # The lower tabs: each view is built when its tab is first opened (a page costs the first
-    # tab, not eleven), then kept; a view with ``shown`` draws only while its tab is open.
+    # The lower tabs (``studio.face.tabs.TABS``): each view is built when its tab is first opened (a
+    # page costs the first tab, not eleven), then kept; a lazy view draws only while its tab is open.
     # (Not Panel's dynamic tabs: those re-create a tab's models on every switch.)
+    MINIRUNS, IMPORT = index("Mini-runs"), index("Import & enrich")
+    for tab in TABS:  # their modules load with the page, not on a tab's first click
+        tab.view_class()
+
     def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
         view(MINIRUNS).use_rule(version)
         tabs.active = MINIRUNS
 
-    def rules_view() -> RulePanel:
-        panel = RulePanel(state=state, can_run=runs_code, shown=False)
-        panel.on_retrain = retrain
-        return panel
+    def build(i: int, shown: bool = False) -> pn.viewable.Viewable:
+        v = TABS[i].build(state, can_run=runs_code, shown=shown)
+        if TABS[i].title == "Reward rules":
+            v.on_retrain = retrain
+        return v
 
-    # views with ``shown`` are made hidden; ``view`` draws one as its tab first opens, ``on_tab`` hides
-    # the others (a hidden view waits, stale, until it is shown again)
-    specs = [("Group view", lambda: GroupView(state=state)),
-             ("Entropy landscape", lambda: EntropyLandscape(state=state, shown=False)),
-             ("Compare policies", lambda: PolicyCompare(state=state, can_run=runs_code, shown=False)),
-             ("Reward rules", rules_view),
-             ("Reward hacking", lambda: HackingView(state=state, shown=False)),
-             ("Advantages & steps", lambda: CreditView(state=state, can_run=runs_code, shown=False)),
-             ("Mini-runs", lambda: MiniRunPanel(state=state, can_run=runs_code, shown=False)),
-             ("Preference data", lambda: CurationPanel(state=state, shown=False)),
-             ("Timeline & diff", lambda: TimelinePanel(state=state, shown=False)),
-             ("Import & enrich", lambda: ImportPanel(state=state, can_run=runs_code)),
-             ("SQL", lambda: SQLConsole(state=state))]
-    MINIRUNS, IMPORT = 6, 9
-    built: dict[int, pn.viewable.Viewable] = {0: specs[0][1]()}
-    tabs = pn.Tabs(*[(title, built[i] if i in built else pn.Column(sizing_mode="stretch_width", min_height=200))
-                     for i, (title, _) in enumerate(specs)],
+    # lazy views are made hidden; ``view`` draws one as its tab first opens, ``on_tab`` hides the
+    # others (a hidden view waits, stale, until it is shown again)
+    built: dict[int, pn.viewable.Viewable] = {0: build(0)}
+    tabs = pn.Tabs(*[(tab.title, built[i] if i in built else pn.Column(sizing_mode="stretch_width", min_height=200))
+                     for i, tab in enumerate(TABS)],
                    sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
 
     def view(i: int):
         """Tab ``i``'s view, built, drawn and put in its tab on first use."""
         if i not in built:
-            v = specs[i][1]()
-            if "shown" in v.param:
-                # drawn before its models exist, so they are made with what it shows: a change sent
-                # right behind them would reach widgets the browser has not built yet (BokehJS
-                # builds views asynchronously) and fail there
-                v.shown = True
+            # drawn before its models exist, so they are made with what it shows: a change sent right
+            # behind them would reach widgets the browser has not built yet (BokehJS builds views
+            # asynchronously) and fail there
+            v = build(i, shown=True)
             with pn.io.hold(freeze=True):  # its models reach the page in one message
                 built[i] = v
-                tabs[i] = (specs[i][0], v)
+                tabs[i] = (TABS[i].title, v)
         return built[i]
 
     def on_tab(event) -> None:
@@ -295,7 +280,7 @@ def follow_tails(store: Store, refresh: Callable[[], Awaitable[None]]) -> None:
     One check every 2 s for the whole server (:func:`_poll_tails`), not a periodic callback per
     page: twenty open pages would otherwise wake the server ten times a second to find nothing.
     """
-    from widgets.import_panel import tail_rows
+    from studio.ingest.tailers import tail_rows
 
     doc = pn.state.curdoc
     if doc is None or doc.session_context is None:  # not a served page (a notebook, a test)
@@ -307,7 +292,7 @@ def follow_tails(store: Store, refresh: Callable[[], Awaitable[None]]) -> None:
 
 
 def _poll_tails() -> None:
-    from widgets.import_panel import tail_rows
+    from studio.ingest.tailers import tail_rows
 
     counts: dict[str, int] = {}
     for key, page in list(_PAGES.items()):

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from widgets.style import CSS, esc
+from widgets.base.style import CSS, esc
 
 if TYPE_CHECKING:
     from studio.face.api import Studio
@@ -55,7 +55,7 @@ def _page(title: str, subtitle: str, sections: list[tuple[str, str]], extra_css:
             "log-prob, entropy and the policy's top alternatives.</footer></main></body></html>\n")
 
 
-def _strip_parts(studio: "Studio", rollout_id: str, channel: str) -> tuple[str, str, str]:
+def _strip_parts(studio: Studio, rollout_id: str, channel: str) -> tuple[str, str, str]:
     """(header, legend, strip) of a rollout as the token strip draws them."""
     from widgets.token_strip import TokenStrip
 
@@ -67,14 +67,14 @@ def _strip_parts(studio: "Studio", rollout_id: str, channel: str) -> tuple[str, 
     return header.object, legend_html, strip.object
 
 
-def rollout_html(studio: "Studio", rollout_id: str, channel: str = "entropy", title: str | None = None) -> str:
+def rollout_html(studio: Studio, rollout_id: str, channel: str = "entropy", title: str | None = None) -> str:
     ro = studio.rollout(rollout_id)
     head, legend, strip = _strip_parts(studio, rollout_id, channel)
     return _page(title or f"Rollout {rollout_id}", f"{ro['run']} · {ro['policy']} · coloured by {channel}",
                  [(f"Token strip <code>{esc(rollout_id)}</code>", head + legend + strip)], [])
 
 
-def group_html(studio: "Studio", group_id: str, channel: str = "entropy", title: str | None = None) -> str:
+def group_html(studio: Studio, group_id: str, channel: str = "entropy", title: str | None = None) -> str:
     """The group's summary as the group view draws it, then every completion's full strip."""
     from widgets.group_view import GRID_CSS, GroupView
 
@@ -94,7 +94,7 @@ def group_html(studio: "Studio", group_id: str, channel: str = "entropy", title:
                  sections, [GRID_CSS])
 
 
-def fork_tree_html(studio: "Studio", rollout_id: str, channel: str = "entropy", title: str | None = None) -> str:
+def fork_tree_html(studio: Studio, rollout_id: str, channel: str = "entropy", title: str | None = None) -> str:
     """The rollout's strip, then its tree: every fork with its branches' values and completions."""
     from studio import queries
     from studio.queries import forks
@@ -112,7 +112,7 @@ def fork_tree_html(studio: "Studio", rollout_id: str, channel: str = "entropy", 
                  [TREE_CSS])
 
 
-def save_html(studio: "Studio", path: Path, *, rollout: str | None = None, group: str | None = None,
+def save_html(studio: Studio, path: Path, *, rollout: str | None = None, group: str | None = None,
               fork_tree: str | None = None, channel: str = "entropy", title: str | None = None) -> Path:
     """Write the page for exactly one of ``rollout`` / ``group`` / ``fork_tree`` to ``path``
     (``.html`` added when it has no suffix); written whole then renamed, so a failed export

@@ -16,7 +16,8 @@ from studio.queries import timeline as tl
 from studio.queries.timeline import Side
 from studio.store import Store
 from studio.store.records import new_ids
-from widgets.timeline_panel import N_MOVERS, WHOLE_RUN, fmt_num, fmt_p
+from widgets.timeline_html import fmt_num, fmt_p
+from widgets.timeline_panel import N_MOVERS, WHOLE_RUN
 
 from .conftest import Server, studio_page
 from .test_app import strip_text, text, wait_text

@@ -1,15 +1,16 @@
 """HTML views that talk to Python: ``ClickableHTML`` reports clicks on marked elements,
-``MarkedHTML`` highlights one element of its HTML without sending the HTML again.
+``MarkedHTML`` highlights one element of its HTML without sending the HTML again,
+``KeyShortcuts`` reports single-key presses on the page.
 
 Elements with ``data-click="<kind>"`` and ``data-value="<value>"`` send ``(kind, value)``
 to the callbacks registered with :meth:`ClickableHTML.on_click`. The HTML itself is built
-by the views (every model or user string escaped with ``widgets.style.esc``); the script
+by the views (every model or user string escaped with ``widgets.base.style.esc``); the script
 below only forwards clicks and never evaluates content. It needs no network: the module
 is served inline by Panel.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import panel as pn
 import param
@@ -76,3 +77,49 @@ export function render({ model, el }) {
   el.appendChild(box);
 }
 """
+
+
+class KeyShortcuts(pn.custom.JSComponent):
+    """Single-key presses on the page, sent to Python while this element is on screen and
+    the focus is not in a text field (the note box, the sidebar's inputs)."""
+
+    keys = param.String(default="", doc="The keys that are reported (→ is j, ← is k).")
+    hint = param.String(default="", doc="The HTML shown (the key legend, escaped by the caller).")
+
+    _esm = """
+export function render({ model, el }) {
+  const box = document.createElement('div');
+  box.innerHTML = model.hint;
+  model.on('hint', () => { box.innerHTML = model.hint; });
+  el.appendChild(box);
+  const onKey = (ev) => {
+    const t = (ev.composedPath && ev.composedPath()[0]) || ev.target;
+    const tag = ((t && t.tagName) || '').toLowerCase();
+    if (tag === 'input' || tag === 'textarea' || tag === 'select' || (t && t.isContentEditable)) return;
+    if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    let k = ev.key;
+    if (k === 'ArrowRight') k = 'j';
+    if (k === 'ArrowLeft') k = 'k';
+    if (k.length !== 1 || !model.keys.includes(k)) return;
+    if (!box.isConnected || box.getClientRects().length === 0) return;  // a hidden tab: not ours
+    ev.preventDefault();
+    model.send_msg({key: k});
+  };
+  document.addEventListener('keydown', onKey);
+  model.on('remove', () => document.removeEventListener('keydown', onKey));
+}
+"""
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        self._callbacks = []
+
+    def on_key(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(key)`` on every press of one of :attr:`keys`."""
+        self._callbacks.append(callback)
+
+    def _handle_msg(self, msg) -> None:
+        key = str(msg.get("key", "")) if isinstance(msg, dict) else ""
+        if key in self.keys:
+            for cb in self._callbacks:
+                cb(key)
