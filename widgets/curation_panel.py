@@ -13,7 +13,6 @@ store and in the file's sidecar) and offered as a download.
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 
 import pandas as pd
@@ -21,6 +20,7 @@ import panel as pn
 import param
 
 from studio import curation, queries
+from studio.configs import settings_of
 from studio.curation.export import FILETYPES, export_download
 from studio.curation.formats import FORMATS, STYLES
 from studio.curation.provenance import exports
@@ -411,8 +411,7 @@ class CurationPanel(LazyView):
 
 def _doc(field: str) -> str:
     """A ``PairRule`` field's help (shown as the widget's hover help)."""
-    f = {f.name: f for f in dataclasses.fields(curation.PairRule)}.get(field)
-    return f.metadata.get("help", "") if f is not None else ""
+    return {s.name: s.help for s in settings_of(curation.PairRule)}.get(field, "")
 
 
 def _s(x) -> str:

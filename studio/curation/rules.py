@@ -9,17 +9,14 @@ groups) or the ``step`` level (sets are fork siblings).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
+from studio.configs import problems, setting
 from studio.curation.errors import CurationError
 
 RULES = ("best_vs_worst", "correct_vs_incorrect", "all_pairs")
 LEVELS = ("completion", "step")
 STATUSES = ("pending", "accepted", "rejected")
-
-
-def _f(default, help: str, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -28,44 +25,36 @@ class PairRule:
     CLI (and the curation form) are generated from these fields (help and choices in their
     metadata)."""
 
-    name: str = _f("best_vs_worst", "best_vs_worst: the largest margin per set; correct_vs_incorrect: every "
-                   "correct × incorrect pair; all_pairs: every pair whose rewards differ", RULES)
-    level: str = _f("completion", "completion: sets are groups of sampled completions; step: sets are fork "
-                    "siblings (same prefix, different continuation)", LEVELS)
-    min_margin: float | None = _f(None, "keep pairs whose chosen reward exceeds the rejected one by at least "
-                                  "this (default: any positive margin; correct_vs_incorrect: no limit)")
-    length_match: float | None = _f(None, "keep pairs whose token lengths differ by at most this share of the "
-                                    "longer one (0.2: within 20 percent), so length is not what is taught "
-                                    "(default: no limit)")
-    per_prompt_cap: int | None = _f(None, "at most this many pairs per prompt, largest margins first "
-                                    "(default: no cap)")
-    dedupe: bool = _f(True, "identical completions (same prompt, same text) count once (the first made stands "
-                      "for them), and the same two texts make one pair per prompt in either order, stored pairs "
-                      "included (no A > B beside B > A)")
-    within: str = _f("group", "completion level: pair within each sampled group, or across every completion of "
-                     "a prompt", ("group", "prompt"))
-    correct_component: str = _f("accuracy", "correct_vs_incorrect: the reward component that says a completion "
-                                "is correct")
-    correct_threshold: float = _f(1.0, "correct_vs_incorrect: correct when that component is at or above this")
+    name: str = setting("best_vs_worst", "best_vs_worst: the largest margin per set; correct_vs_incorrect: every "
+                        "correct × incorrect pair; all_pairs: every pair whose rewards differ", choices=RULES,
+                        flag="--rule")
+    level: str = setting("completion", "completion: sets are groups of sampled completions; step: sets are fork "
+                         "siblings (same prefix, different continuation)", choices=LEVELS)
+    min_margin: float | None = setting(None, "keep pairs whose chosen reward exceeds the rejected one by at least "
+                                       "this (default: any positive margin; correct_vs_incorrect: no limit)", 0.0)
+    length_match: float | None = setting(None, "keep pairs whose token lengths differ by at most this share of the "
+                                         "longer one (0.2: within 20 percent), so length is not what is taught "
+                                         "(default: no limit)", 0.0, 1.0)
+    per_prompt_cap: int | None = setting(None, "at most this many pairs per prompt, largest margins first "
+                                         "(default: no cap)", 1)
+    dedupe: bool = setting(True, "identical completions (same prompt, same text) count once (the first made "
+                           "stands for them), and the same two texts make one pair per prompt in either order, "
+                           "stored pairs included (no A > B beside B > A)")
+    within: str = setting("group", "completion level: pair within each sampled group, or across every completion "
+                          "of a prompt", choices=("group", "prompt"))
+    correct_component: str = setting("accuracy", "correct_vs_incorrect: the reward component that says a "
+                                     "completion is correct")
+    correct_threshold: float = setting(1.0, "correct_vs_incorrect: correct when that component is at or above this")
 
     def validate(self) -> None:
-        problems = []
-        if self.name not in RULES:
-            problems.append(f"pair rule must be one of {', '.join(RULES)}, got {self.name!r}")
-        if self.level not in LEVELS:
-            problems.append(f"level must be one of {', '.join(LEVELS)}, got {self.level!r}")
-        if self.within not in ("group", "prompt"):
-            problems.append(f"within must be 'group' or 'prompt', got {self.within!r}")
-        if self.min_margin is not None and not (self.min_margin == self.min_margin and self.min_margin >= 0):
-            problems.append(f"min margin must be a number >= 0, got {self.min_margin}")
-        if self.length_match is not None and not 0 <= self.length_match <= 1:
-            problems.append(f"length match must be a share between 0 and 1, got {self.length_match}")
-        if self.per_prompt_cap is not None and self.per_prompt_cap < 1:
-            problems.append(f"per-prompt cap must be at least 1, got {self.per_prompt_cap}")
+        """Raise :class:`CurationError` naming every option outside its declared bounds or choices."""
+        bad = problems(self)
+        if self.min_margin is not None and self.min_margin != self.min_margin:
+            bad.append("min_margin must be a number, got NaN")
         if not self.correct_component:
-            problems.append("name the reward component that says a completion is correct")
-        if problems:
-            raise CurationError("; ".join(problems))
+            bad.append("name the reward component that says a completion is correct")
+        if bad:
+            raise CurationError("; ".join(bad))
 
     def params(self) -> dict:
         """The options that shaped the pairs (stored with every pair)."""

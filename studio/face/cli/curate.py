@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
+from studio.configs import add_arguments, from_arguments
 from studio.curation import (
     FILETYPES,
     FORMATS,
@@ -23,19 +23,6 @@ from studio.face.cli.common import PROG
 from studio.store import Store, StoreError
 
 COMMAND = "curate"
-
-
-def _rule_arguments(ap: argparse.ArgumentParser) -> None:
-    """One option per :class:`PairRule` field, help and choices from its metadata."""
-    for f in dataclasses.fields(PairRule):
-        flag = "--" + ("rule" if f.name == "name" else f.name.replace("_", "-"))
-        meta = f.metadata
-        if f.type == "bool":
-            ap.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                            help=meta["help"])
-            continue
-        kind = {"float | None": float, "int | None": int, "float": float}.get(f.type, str)
-        ap.add_argument(flag, dest=f.name, type=kind, default=f.default, choices=meta["choices"], help=meta["help"])
 
 
 def add_export_arguments(e: argparse.ArgumentParser) -> None:
@@ -83,7 +70,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
         return p
 
     b = common(sub.add_parser("build", help="make pairs with a rule (stored as pending)"))
-    _rule_arguments(b)
+    add_arguments(b, PairRule)
     b.add_argument("--run", action="append", default=None, help="only rollouts of this run id (repeatable)")
     b.add_argument("--version", default=None, help="reward version to compare (default: the task's rule)")
     for name, help_ in (("accept", "accept pairs (for review without the UI)"), ("reject", "reject pairs")):
@@ -104,7 +91,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
         return 2
     try:
         if args.cmd == "build":
-            rule = PairRule(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PairRule)})
+            rule = from_arguments(PairRule, args)
             res = build_pairs(store, rule, run_ids=args.run, rule_version_id=args.version)
             print(res.message + (f" [build {res.build_id}]" if res.build_id else ""))
             return 0 if res.pairs else 1
