@@ -16,7 +16,7 @@ def widget_for(s: Setting, value: Any = None, *, label: str | None = None, **par
     common = {"label": label or s.name.replace("_", " ").capitalize()} | params
     if s.kind is bool:  # a checkbox has no description tooltip: its help goes in the hover title
         return pn.widgets.Checkbox(value=bool(value), **common)
-    common["description"] = s.help or None
+    common.setdefault("description", s.help or None)
     if s.choices is not None:
         return pn.widgets.Select(options=list(s.choices), value=value, **common)
     lo, hi = s.bounds or (None, None)

@@ -13,18 +13,19 @@ entropy (``studio.runs.enrich``), in the worker pool, with progress and cancel.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
 import panel as pn
 import param
 
+from studio.configs import settings_of
 from studio.ingest import importers, tailers
 from studio.runs import enrich
 from studio.runs.registry import known_policies
 from studio.store import StoreError
 from studio.workers.vocab import PolicyLoadError
+from widgets.forms import widget_for
 
 from .base.jobs import Job
 from .base.state import StudioState
@@ -88,9 +89,9 @@ class ImportPanel(pn.viewable.Viewer):
                                           css_classes=["import-name"])
         self._tail = pn.widgets.Checkbox(name="Keep watching the folder for new steps", value=False,
                                          css_classes=["import-tail"])
-        self._mapping = {f.name: pn.widgets.TextInput(name=f.name, placeholder=f.metadata.get("help", ""),
-                                                      width=150, css_classes=[f"map-{f.name}"])
-                         for f in dataclasses.fields(importers.ColumnMapping)}
+        self._mapping = {s.name: widget_for(s, label=s.name, placeholder=s.help, description=None, width=150,
+                                            css_classes=[f"map-{s.name}"])
+                         for s in settings_of(importers.ColumnMapping)}
         self._mapping_box = pn.Column(
             pn.pane.HTML('<div class="hint">Generic files: the column holding each field (rewards: comma-separated '
                          'component columns).</div>', stylesheets=[PANEL_CSS]),

@@ -15,43 +15,40 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from studio.configs import setting
 from studio.ingest.errors import ImportFormatError
 
 FORMATS = ("trl", "verl", "openrlhf", "generic")
 INT32 = 2**31 - 1
 
 
-def _help(text: str):
-    return field(default="", metadata={"help": text})
-
-
 @dataclass(frozen=True)
 class ColumnMapping:
     """Which source column holds which rollout field; "" means none (a format's default applies)."""
 
-    prompt: str = _help("the prompt: text, or a list of {role, content} messages (required)")
-    completion: str = _help("the completion: text, or a list of {role, content} messages (required)")
-    step: str = _help("training step (default: the number in the file name)")
-    group: str = _help("rows with the same value at the same step form one group (default: the same prompt)")
-    reward: str = _help("total reward (default: the sum of the reward components)")
-    rewards: tuple[str, ...] = field(default=(), metadata={
-        "help": "reward component columns, each stored as a component named after its column"})
-    gold: str = _help('reference answer, stored as the prompt\'s gold {"answer": ...}')
-    advantage: str = _help("advantage the trainer used: a number, or a per-token list (its first value)")
-    finish_reason: str = _help("why generation stopped (stop / length)")
-    token_texts: str = _help("per-token list: the completion's token strings")
-    token_ids: str = _help("per-token list: the completion's token ids")
-    logprobs: str = _help("per-token list: log-probability of each token under the policy")
-    ref_logprobs: str = _help("per-token list: log-probability of each token under the reference policy")
-    entropies: str = _help("per-token list: entropy of each next-token distribution (nats)")
-    values: str = _help("per-token list: a critic's value before each token (stored as value-import@<run id>)")
+    prompt: str = setting("", "the prompt: text, or a list of {role, content} messages (required)")
+    completion: str = setting("", "the completion: text, or a list of {role, content} messages (required)")
+    step: str = setting("", "training step (default: the number in the file name)")
+    group: str = setting("", "rows with the same value at the same step form one group (default: the same prompt)")
+    reward: str = setting("", "total reward (default: the sum of the reward components)")
+    rewards: tuple[str, ...] = setting((), "reward component columns, each stored as a component named after its "
+                                          "column")
+    gold: str = setting("", 'reference answer, stored as the prompt\'s gold {"answer": ...}')
+    advantage: str = setting("", "advantage the trainer used: a number, or a per-token list (its first value)")
+    finish_reason: str = setting("", "why generation stopped (stop / length)")
+    token_texts: str = setting("", "per-token list: the completion's token strings")
+    token_ids: str = setting("", "per-token list: the completion's token ids")
+    logprobs: str = setting("", "per-token list: log-probability of each token under the policy")
+    ref_logprobs: str = setting("", "per-token list: log-probability of each token under the reference policy")
+    entropies: str = setting("", "per-token list: entropy of each next-token distribution (nats)")
+    values: str = setting("", "per-token list: a critic's value before each token (stored as value-import@<run id>)")
 
     @classmethod
     def parse(cls, pairs: list[str]) -> ColumnMapping:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
+from studio.configs import settings_of
 from studio.face.cli.common import PROG
 from studio.ingest.errors import ImportFormatError, MalformedInput
 from studio.ingest.formats import FORMATS, ColumnMapping
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
     ap.add_argument("--format", choices=FORMATS, default=None, help="default: detected from the files")
     ap.add_argument("--map", action="append", default=[], metavar="FIELD=COLUMN",
                     help="which column holds a field (repeatable; rewards=a,b for components): "
-                         + ", ".join(f.name for f in fields(ColumnMapping)))
+                         + ", ".join(s.name for s in settings_of(ColumnMapping)))
     ap.add_argument("--skip-bad", action="store_true", help="skip malformed records (default: import nothing)")
     ap.add_argument("--name", default=None, help="the run's name (default: the directory or file name)")
     ap.add_argument("--task", default="import", help="the task the prompts belong to")
