@@ -224,7 +224,9 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise RuntimeError(f"launch.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            urllib.request.urlopen(url, timeout=2)
+            # a first page takes seconds on 2 busy cores: a short timeout would ask again and
+            # again, each request a new session, and the server would never catch up
+            urllib.request.urlopen(url, timeout=30)
             return proc, url
         except OSError:
             time.sleep(0.3)

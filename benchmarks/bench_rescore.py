@@ -81,7 +81,9 @@ def build_store(path: Path, n: int):
                                    created_at, 'done'
                             FROM runs WHERE run_id = ?""", [seed_run])
             cur.execute(f"""
-                INSERT INTO rollouts
+                INSERT INTO rollouts (rollout_id, run_id, train_step, prompt_id, group_id, sample_idx, text,
+                                      n_tokens, finish_reason, parent_rollout_id, fork_pos, forced_token_id,
+                                      policy_version, created_at)
                 SELECT ro.rollout_id || '-c' || k.range AS rollout_id, '{COPY_RUN}' AS run_id, ro.train_step,
                        ro.prompt_id, ro.group_id || '-c' || k.range AS group_id, ro.sample_idx, ro.text,
                        ro.n_tokens, ro.finish_reason, NULL AS parent_rollout_id, NULL AS fork_pos,
