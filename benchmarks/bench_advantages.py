@@ -42,7 +42,7 @@ with ``.df()`` instead of Arrow.
 DuckDB runs with its default thread count (all cores) unless ``--threads`` says otherwise;
 the count used is printed.
 
-Options: --rollouts, --reps, --db, --threads.
+Options: --rollouts, --reps, --db, --threads, --smoke (8,000 rollouts, one repetition: seconds).
 """
 from __future__ import annotations
 
@@ -58,12 +58,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
 
+from benchmarks import smoke  # noqa: E402
 from benchmarks.synthetic import open_or_build, write_store  # noqa: E402
-from studio.signals.advantages import (
+from studio.signals.advantages import (  # noqa: E402
     EQUAL_TOL,
     GRPO_EPS,
     from_stats_sql,
@@ -153,8 +154,8 @@ def build_store(path: Path, n: int):
     prompts = pa.table({
         "prompt_id": prompt_ids,
         "task": pa.array(["arithmetic"] * n_prompts),
-        "text": pa.array([f"{x}+{y}=" for x, y in zip(a.tolist(), b.tolist())]),
-        "gold": pa.array([f'{{"answer": {x + y}}}' for x, y in zip(a.tolist(), b.tolist())]),
+        "text": pa.array([f"{x}+{y}=" for x, y in zip(a.tolist(), b.tolist(), strict=True)]),
+        "gold": pa.array([f'{{"answer": {x + y}}}' for x, y in zip(a.tolist(), b.tolist(), strict=True)]),
     })
     rollouts = pa.table({
         "rollout_id": rollout_ids,
@@ -277,7 +278,7 @@ def main() -> None:
     ap.add_argument("--db", type=Path, default=None,
                     help="store path: built if missing, reused if present (default: a temporary directory)")
     ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: DuckDB's, all cores)")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, rollouts=8_000, reps=1)
     if args.rollouts < GROUP or args.rollouts % GROUP:
         raise SystemExit(f"--rollouts must be a positive multiple of {GROUP}")
     n = args.rollouts
@@ -324,7 +325,8 @@ def main() -> None:
             g_by, g_by_xs = median_of(duck_arrow, parts, store, WINDOWS)
             gb = duck_arrow(store, WINDOWS).to_pandas().sort_values("rollout_id", ignore_index=True)
             ref = duck_arrow(store).to_pandas().sort_values("rollout_id", ignore_index=True)
-            g_by_diff = max(float(np.max(np.abs(gb[k].to_numpy(float) - ref[k].to_numpy(float)))) for k in ("grpo", "rloo"))
+            g_by_diff = max(float(np.max(np.abs(gb[k].to_numpy(float) - ref[k].to_numpy(float))))
+                            for k in ("grpo", "rloo"))
             del gb, ref
             store.cursor().execute("DROP TABLE IF EXISTS bench_adv")
             one = None

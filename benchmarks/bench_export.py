@@ -35,7 +35,7 @@ median of the studio's build + accept + export, the baseline the median pyarrow 
 exported rows are checked against the stored rewards (every chosen completion right, every
 rejected one wrong, no row twice).
 
-Options: --rollouts, --reps, --db, --threads.
+Options: --rollouts, --reps, --db, --threads, --smoke (800 rollouts, one repetition: seconds).
 """
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ import pandas as pd  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchmarks import smoke  # noqa: E402
 from benchmarks.synthetic import open_or_build, write_store  # noqa: E402
 
 GROUP = 8
@@ -102,7 +103,7 @@ def build_store(path: Path, n: int):
     swap = rng.random(n) < 0.3  # "b+a=" as well as "a+b=": two right texts per prompt
     aa, bb = np.where(swap, b[pi], a[pi]).tolist(), np.where(swap, a[pi], b[pi]).tolist()
     texts = [f"{x}+{y}={z};A:{z}" if k != 3 else f"{x}+{y}={z}"
-             for x, y, z, k in zip(aa, bb, ans.tolist(), kind.tolist())]
+             for x, y, z, k in zip(aa, bb, ans.tolist(), kind.tolist(), strict=True)]
     acc = (kind == 0).astype(np.float64)
     fmt = (kind != 3).astype(np.float64)
     steps = ((kind == 0) | (kind == 3)).astype(np.float64)  # the one step a+b=s
@@ -114,7 +115,7 @@ def build_store(path: Path, n: int):
     prompts = pa.table({
         "prompt_id": prompt_ids,
         "task": pa.array(["arithmetic"] * n_prompts),
-        "text": pa.array([f"Q: {x}+{y}=" for x, y in zip(a.tolist(), b.tolist())]),
+        "text": pa.array([f"Q: {x}+{y}=" for x, y in zip(a.tolist(), b.tolist(), strict=True)]),
         "gold": pa.array([json.dumps({"answer": str(v)}) for v in s.tolist()]),
     })
     rollouts = pa.table({
@@ -213,7 +214,7 @@ def main() -> None:
     ap.add_argument("--db", type=Path, default=None,
                     help="store path: built if missing, reused if present (default: a temporary directory)")
     ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: DuckDB's, all cores)")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, rollouts=800, reps=1)
     if args.rollouts < GROUP * GROUPS_PER_PROMPT or args.rollouts % (GROUP * GROUPS_PER_PROMPT):
         raise SystemExit(f"--rollouts must be a positive multiple of {GROUP * GROUPS_PER_PROMPT}")
     from studio.curation import PairRule
@@ -253,7 +254,8 @@ def main() -> None:
                 for method in (("studio", "pyarrow") if rep % 2 == 0 else ("pyarrow", "studio")):
                     if method == "studio":
                         r = studio_export(store, out, rule)
-                        studio_t.append(r["total"]); parts.append(r)
+                        studio_t.append(r["total"])
+                        parts.append(r)
                     else:
                         base_t.append(pyarrow_write(table, out))
             ts, tb = statistics.median(studio_t), statistics.median(base_t)
@@ -280,9 +282,9 @@ def main() -> None:
           f"bulk accept {med['accept']:.3f} s, export {med['export']:.3f} s ({parts[0]['rows']:,} rows)")
     for label, runs in (("the same to JSONL", jl), (f"with a per-prompt cap of {CAP}", capped),
                         ("best_vs_worst", bvw), ("correct_vs_incorrect without dedupe", loose)):
-        med_of = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
-        print(f"  {label}: {med_of('total'):.3f} s ({runs[0]['pairs']:,} pairs; build {med_of('build'):.3f} s, "
-              f"export {med_of('export'):.3f} s; {len(runs)} run{'s' if len(runs) > 1 else ''})")
+        med = {key: statistics.median(r[key] for r in runs) for key in ("total", "build", "export")}
+        print(f"  {label}: {med['total']:.3f} s ({runs[0]['pairs']:,} pairs; build {med['build']:.3f} s, "
+              f"export {med['export']:.3f} s; {len(runs)} run{'s' if len(runs) > 1 else ''})")
     print(f"  target < {TARGET_S:.0f} s for 1M rollouts: "
           f"{'met' if ts < TARGET_S * n / 1_000_000 else 'NOT met'}; threads = {threads}")
     print(f"  load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min; the machine is shared)")

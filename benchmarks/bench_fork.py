@@ -41,7 +41,9 @@ Three figures, on a fresh temporary store seeded with the sample rollouts:
     fresh server pressed at once (worker start and policy load included).
 
 Options: --reps (end-to-end repetitions per rollout), --rollouts, --backend-reps,
---ui-reps, --no-ui (skip the browser part), --seed.
+--ui-reps, --no-ui (skip the browser part), --seed, --smoke (one rollout, one repetition each;
+in the browser one fresh server's first branch and one more, no cold server: about a minute,
+most of it starting the worker and the server).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
+from benchmarks import smoke  # noqa: E402
 from sample_data import POLICY_DIR, ROLLOUTS_DIR  # noqa: E402
 from tests.ui.harness import CHROMIUM, FLAGS, free_port, server_tracebacks, stop_server  # noqa: E402
 
@@ -148,7 +151,7 @@ def end_to_end(store, picks, reps: int, seed: int) -> dict:
     methods = {"branch": branch, "fresh": fresh}
     warm, timed = picks.iloc[0], picks.iloc[1:]
     t0 = time.perf_counter()
-    for name, fn in methods.items():  # worker start, imports, policy load: not measured
+    for fn in methods.values():  # worker start, imports, policy load: not measured
         fn(warm, seed)
     print(f"  worker warm-up: {time.perf_counter() - t0:.1f} s", flush=True)
     times = {name: [] for name in methods}
@@ -163,7 +166,8 @@ def end_to_end(store, picks, reps: int, seed: int) -> dict:
                 dt = time.perf_counter() - t
                 times[name].append(dt)
                 tokens[name].append(int(n_tok))
-                per_rollout.setdefault(row.rollout_id, {"n_tokens": int(row.n_tokens), "branch": [], "fresh": []})[name].append(dt)
+                per_rollout.setdefault(row.rollout_id, {"n_tokens": int(row.n_tokens), "branch": [], "fresh": []})
+                per_rollout[row.rollout_id][name].append(dt)
         print(f"  rep {rep + 1}/{reps}: branch median {statistics.median(times['branch']):.3f} s, "
               f"fresh median {statistics.median(times['fresh']):.3f} s", flush=True)
     workers.reset_pool()  # stop the worker process: the next parts need the CPU
@@ -187,7 +191,7 @@ def backend_only(store, picks, reps: int, seed: int) -> dict:
         "branch": lambda prompt, prefix, s: policy.branch(prompt, prefix, [None], seed=s, **kw),
         "fresh": lambda prompt, prefix, s: policy.sample([prompt], seed=s, **kw),
     }
-    for name, fn in methods.items():
+    for fn in methods.values():
         fn(jobs[0][0], jobs[0][1], seed)
     times = {name: [] for name in methods}
     steps = {name: [] for name in methods}  # forward passes of the model per call
@@ -224,7 +228,9 @@ def start_server(db: Path, log: Path) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise RuntimeError(f"launch.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            urllib.request.urlopen(url, timeout=2)
+            # a first page takes seconds on 2 busy cores: a short timeout would ask again and
+            # again, each request a new session, and the server would never catch up
+            urllib.request.urlopen(url, timeout=30)
             return proc, url
         except OSError:
             time.sleep(0.3)
@@ -313,7 +319,7 @@ def serve_and_branch(browser, waits: list[float], label: str) -> dict:
             page.on("pageerror", lambda e: out["page_errors"].append(str(e)))
             page.goto(url, timeout=120_000)
             page.wait_for_selector(".tabulator-row", timeout=120_000)
-            for i, (prompt, wait_s) in enumerate(zip(prompts, waits)):
+            for i, (prompt, wait_s) in enumerate(zip(prompts, waits, strict=True)):
                 pos = open_fresh_fork(page, prompt)
                 set_n(page, N_BRANCHES)
                 page.wait_for_timeout(wait_s * 1000)  # the warm-up the token click started
@@ -330,17 +336,19 @@ def serve_and_branch(browser, waits: list[float], label: str) -> dict:
     return out
 
 
-def ui(reps: int) -> dict:
+def ui(reps: int, with_cold: bool = True) -> dict:
     """Warm: a fresh server, its first branch and then ``reps`` more, each pressed
     ``WARM_WAIT_S`` after picking the token (the first of them shows whether that wait covers
-    the warm-up). Cold: another fresh server whose first branch is pressed at once."""
+    the warm-up). Cold (unless ``with_cold`` is false): another fresh server whose first branch is
+    pressed at once."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             warm = serve_and_branch(browser, [WARM_WAIT_S] * (reps + 1), "warm")
-            cold = serve_and_branch(browser, [0.0], "cold")
+            cold = serve_and_branch(browser, [0.0], "cold") if with_cold else \
+                {"times": [None], "status": [], "page_errors": [], "tracebacks": []}
         finally:
             browser.close()
     return {"warm": warm["times"][1:], "first_after_wait": warm["times"][0], "cold": cold["times"][0],
@@ -357,7 +365,9 @@ def main() -> None:
     ap.add_argument("--ui-reps", type=int, default=4, help="branches timed in the browser (median reported)")
     ap.add_argument("--no-ui", action="store_true", help="skip the browser part (fork_first_result_s)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, reps=1, rollouts=1, backend_reps=1, ui_reps=1)
+    if args.ui_reps < 1:
+        ap.error("--ui-reps must be 1 or more")
     started = time.perf_counter()
 
     from studio.store import Store
@@ -378,8 +388,8 @@ def main() -> None:
     ui_res = None
     if not args.no_ui:
         print(f"served studio in Chromium: a fresh server, {args.ui_reps + 1} branches {WARM_WAIT_S:.0f} s after "
-              "the token click; another, 1 branch at once ...", flush=True)
-        ui_res = ui(args.ui_reps)
+              "the token click" + ("" if args.smoke else "; another, 1 branch at once") + " ...", flush=True)
+        ui_res = ui(args.ui_reps, with_cold=not args.smoke)
 
     # ---------------------------------------------------------------- report
     print()
@@ -422,8 +432,10 @@ def main() -> None:
               f"{'met' if fr < TARGET_S else 'NOT met'}")
         print(f"  first branch of a fresh server, pressed {WARM_WAIT_S:.0f} s after the token click: "
               f"{ui_res['first_after_wait']:.2f} s")
-        print(f"  cold (first branch of a fresh server, pressed at once): {ui_res['cold']:.2f} s")
-        counts = sorted({m.group(1) for st in ui_res["status"] for m in [re.search(r"(\d+) branch completions", st)] if m})
+        if ui_res["cold"] is not None:
+            print(f"  cold (first branch of a fresh server, pressed at once): {ui_res['cold']:.2f} s")
+        found = (re.search(r"(\d+) branch completions", st) for st in ui_res["status"])
+        counts = sorted({m.group(1) for m in found if m})
         print(f"  completions per request: {', '.join(counts) or '?'} (the default choices, the sampled token and "
               f"the likeliest other one, x N={N_BRANCHES})")
         print(f"  page errors: {len(ui_res['page_errors'])}; server tracebacks: {len(ui_res['tracebacks'])}"

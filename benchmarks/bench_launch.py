@@ -14,7 +14,7 @@ The figure is the median over ``--reps`` runs; the server's process group is kil
 each. The issue names no baseline, so the 10 s target stands in for one.
 
 Options: --reps, --policy (default: the sample policy), --timeout, --poll, --selector (for
-smoke tests only: the figure is defined with ``.tabulator-row``).
+smoke tests only: the figure is defined with ``.tabulator-row``), --smoke (one launch).
 """
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
+from benchmarks import smoke  # noqa: E402
 from sample_data import POLICY_DIR  # noqa: E402
 from tests.ui.harness import CHROMIUM, FLAGS, free_port, stop_server  # noqa: E402
 
 TARGET_S = 10.0
-
 
 
 def one_run(browser, policy: Path | None, selector: str, poll: str, timeout_s: float, workdir: Path,
@@ -103,7 +103,7 @@ def main() -> None:
                     help="wait for the port with TCP connects, then load the page (default), or retry page.goto")
     ap.add_argument("--selector", default=".tabulator-row",
                     help="element whose visibility ends the clock (the figure uses .tabulator-row)")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, reps=1)
 
     from playwright.sync_api import sync_playwright
 

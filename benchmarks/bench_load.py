@@ -34,7 +34,8 @@ round's own line and ratio are printed too. Figures: ``load_p95_ms_n20`` against
 N = 1 p95 (target: within 3x) and ``load_errors`` (target: 0).
 
 Options: --seconds (per level, default 30), --levels (default 1,5,20), --rounds (default 3),
---warmup (default 5), --no-writer.
+--warmup (default 5), --no-writer, --smoke (one round of 1 and 2 sessions for 3 s each, no
+warm-up, the writer on: figures ``load_p95_ms_n2`` and ``load_errors``).
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
+from benchmarks import smoke  # noqa: E402
 from benchmarks.bokeh_session import BokehSession  # noqa: E402
 from tests.ui.harness import free_port, server_tracebacks  # noqa: E402
 
@@ -221,7 +223,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="times every level runs, in turn (figures: medians)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds one session browses before each round")
     ap.add_argument("--no-writer", action="store_true", help="no Generate writing during the levels")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, seconds=3.0, levels="1,2", rounds=1, warmup=0.0)
     levels = [int(x) for x in args.levels.split(",")]
     if args.rounds < 1:
         ap.error("--rounds must be 1 or more")
@@ -262,9 +264,9 @@ def main() -> None:
             # no lost rows: everything the writer was told is stored is in the store
             have = stored_rollouts(db)
             lost += abs(seeded + written - have)
+            kept = "none lost" if have == seeded + written else f"{seeded + written - have:+,} missing"
             print(f"round {r}: p95 at N={levels[-1]} / N={levels[0]} = {hi / lo:.2f}x; rows: {seeded:,} seeded + "
-                  f"{written:,} written = {seeded + written:,}, the store has {have:,} "
-                  f"({'none lost' if have == seeded + written else f'{seeded + written - have:+,} missing'})", flush=True)
+                  f"{written:,} written = {seeded + written:,}, the store has {have:,} ({kept})", flush=True)
             db.unlink()
 
     print()

@@ -25,9 +25,10 @@ GPT-2) and the arithmetic task, in one process run.
     (one step off-policy, π_old = the sampler's log-probs: a different loop from TRL's, which
     is strictly on-policy; the timing prints both), and the owner writes every step
     (rollouts, tokens, rewards, metrics) in one transaction while the next step runs. The
-    same run with ``overlap=False`` (strictly on-policy, as TRL) is timed too, for people. The per-step time is the run's stored
-    ``step_s`` metric (the worker's clock from the start of sampling to the end of the
-    optimiser step and metrics; the DuckDB writes run in the owner process alongside).
+    same run with ``overlap=False`` (strictly on-policy, as TRL) is timed too, for people.
+    The per-step time is the run's stored ``step_s`` metric (the worker's clock from the
+    start of sampling to the end of the optimiser step and metrics; the DuckDB writes run in
+    the owner process alongside).
     For people, the wall time between consecutive stored steps is shown too.
 
     TRL: ``trl.GRPOTrainer`` on the same policy folder with ``GRPOConfig(num_generations=8,
@@ -73,7 +74,10 @@ forward pass with gradients, backward, optimiser), and TRL's step into ``generat
 scoring (``_generate_and_score_completions``) and the rest; ``--no-breakdown`` skips it.
 
 Options: --timing-steps, --rounds, --train-minutes, --eval-k, --eval-seed, --heldout,
---pool (the learning run's training pool, default the config's 4096), --no-breakdown.
+--pool (the learning run's training pool, default the config's 4096), --no-breakdown, --smoke
+(one round of 2 steps, ours with overlap and TRL at the worker's thread count only; the
+learning figure from that round's end checkpoint instead of a timed run, on 8 held-out
+prompts with k = 1; a breakdown of one step).
 """
 from __future__ import annotations
 
@@ -98,6 +102,8 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")  # transformers
 
 # Light imports only at the top: the mini-run's worker is started with the spawn method, which
 # imports this module again in the child; torch and TRL are imported inside the functions.
+from benchmarks import smoke  # noqa: E402
+
 TASK = "arithmetic"
 TARGET_SPEEDUP = 1.5
 TARGET_GAIN_POINTS = 10.0
@@ -163,7 +169,7 @@ def ours_round(store, steps: int, seed: int, overlap: bool = True) -> dict:
     if st.status != "done":
         raise SystemExit(f"timing mini-run ended {st.status}: {st.error}")
     p = _pivot(store, run_id)
-    return {"step_s": p["step_s"].tolist(), "sample_s": p["sample_s"].tolist(),
+    return {"run_id": run_id, "step_s": p["step_s"].tolist(), "sample_s": p["sample_s"].tolist(),
             "completion_len": p["completion_len"].tolist(), "stored_interval_s": _intervals(seen), "wall_s": wall,
             "device": st.device}
 
@@ -180,7 +186,7 @@ def trl_reward(prompts_pool):
 
     def arithmetic_total(prompts, completions, **kwargs):
         out = []
-        for p, c in zip(prompts, completions):
+        for p, c in zip(prompts, completions, strict=True):
             v = rule.score_detailed(task, by_text[p], c)[0]["total"]
             out.append(None if v is None else float(v))  # None: TRL's "no reward" (ours: 0 in the advantage)
         return out
@@ -213,14 +219,16 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -
     args = GRPOConfig(
         output_dir=out_dir, num_generations=d.group_size, per_device_train_batch_size=d.group_size * d.prompts_per_step,
         gradient_accumulation_steps=1, max_completion_length=d.max_new_tokens, max_steps=steps,
-        learning_rate=d.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        beta=d.kl_beta, epsilon=d.clip_eps, num_iterations=d.iterations, loss_type=d.loss_type, scale_rewards="group",
-        temperature=d.temperature, top_p=1.0, top_entropy_quantile=d.entropy_q, gradient_checkpointing=False,
-        logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, seed=seed)
+        learning_rate=d.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, beta=d.kl_beta, epsilon=d.clip_eps, num_iterations=d.iterations, loss_type=d.loss_type,
+        scale_rewards="group", temperature=d.temperature, top_p=1.0, top_entropy_quantile=d.entropy_q,
+        gradient_checkpointing=False, logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+        disable_tqdm=True, seed=seed)
     clock = StepClock()
     t0 = time.perf_counter()
     trainer = GRPOTrainer(model=str(POLICY_DIR), reward_funcs=trl_reward(prompts_pool), args=args,
-                          train_dataset=Dataset.from_dict({"prompt": [p.text for p in prompts_pool]}), callbacks=[clock])
+                          train_dataset=Dataset.from_dict({"prompt": [p.text for p in prompts_pool]}),
+                          callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     gen_s = []
     gen = trainer._generate_and_score_completions
@@ -240,14 +248,14 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -
         torch.set_num_threads(before)
     wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-    settings = {k: getattr(args, k) for k in ("num_generations", "per_device_train_batch_size", "max_completion_length",
-                                              "learning_rate", "beta", "epsilon", "num_iterations", "loss_type",
-                                              "scale_rewards", "temperature", "top_p", "top_k", "max_grad_norm",
-                                              "gradient_checkpointing", "steps_per_generation", "generation_batch_size")}
+    settings = {k: getattr(args, k) for k in (
+        "num_generations", "per_device_train_batch_size", "max_completion_length", "learning_rate", "beta", "epsilon",
+        "num_iterations", "loss_type", "scale_rewards", "temperature", "top_p", "top_k", "max_grad_norm",
+        "gradient_checkpointing", "steps_per_generation", "generation_batch_size")}
     settings["optim"] = str(getattr(args.optim, "value", args.optim))
     del trainer
-    return {"step_s": clock.times, "gen_score_s": gen_s, "completion_len": [float(h["completions/mean_length"]) for h in logs],
-            "wall_s": wall, "settings": settings}
+    return {"step_s": clock.times, "gen_score_s": gen_s,
+            "completion_len": [float(h["completions/mean_length"]) for h in logs], "wall_s": wall, "settings": settings}
 
 
 # --------------------------------------------------------------------------------------
@@ -287,7 +295,8 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         gens = policy.sample([p.text for p in picked], n=d.group_size, temperature=d.temperature, top_p=1.0,
                              max_new_tokens=d.max_new_tokens, seed=step, top_k_stats=5)
         t = lap("sample (64 x <=40 tokens, with per-token stats)", t)
-        rewards, _, _ = RewardFn({"kind": "builtin"}, task)([picked[g.prompt_index] for g in gens], [g.text for g in gens])
+        rewards, _, _ = RewardFn({"kind": "builtin"}, task)([picked[g.prompt_index] for g in gens],
+                                                            [g.text for g in gens])
         t = lap("reward: RewardFn (score_frame) as the worker calls it", t)
         for g in gens:
             rule.score_detailed(task, picked[g.prompt_index], g.text)
@@ -297,7 +306,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         adv = torch.tensor(_advantages(d.estimator, total, groups), dtype=torch.float32)
         p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
         c_ids = [g.token_ids.tolist() for g in gens]
-        buckets = length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids)])
+        buckets = length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids, strict=True)])
         batches = micro_batches(p_ids, c_ids, adv, buckets, d.loss_type)
         t = lap("advantages, tokenising prompts, length buckets", t)
         opt.zero_grad(set_to_none=True)
@@ -351,6 +360,18 @@ def learning_run(store, minutes: float, n_prompts: int | None = None) -> dict:
             "stop_s": t_end - t_stop, "stored_interval_s": _intervals(seen), "device": st.device}
 
 
+def timing_run_as_learning(store, res: dict) -> dict:
+    """A timing round's run in :func:`learning_run`'s shape (smoke: its end checkpoint is the "after")."""
+    from studio.runs import minirun
+
+    last = minirun.last_checkpoint(store, res["run_id"])
+    if last is None:
+        raise SystemExit("the timing mini-run left no checkpoint")
+    return {"run_id": res["run_id"], "pivot": _pivot(store, res["run_id"]), "checkpoint": last,
+            "train_s": res["wall_s"], "stop_s": 0.0, "stored_interval_s": res["stored_interval_s"],
+            "device": res["device"]}
+
+
 # --------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -364,7 +385,7 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=None,
                     help="training pool of the learning run (default: MiniRunConfig's n_prompts, 64)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-part split of one step")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, timing_steps=2, rounds=1, heldout=8, eval_k=1)
     if args.timing_steps < 2 or args.rounds < 1:
         raise SystemExit("--timing-steps must be >= 2 and --rounds >= 1")
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -401,9 +422,11 @@ def main() -> None:
             # ---------------------------------------------------------------- step time
             print(f"\ntiming: {args.rounds} rounds x {args.timing_steps} steps on each side, alternating", flush=True)
             trl_threads = sorted({torch.get_num_threads(), cpu_threads()}, reverse=True)
+            if args.smoke:  # the worker's thread count only
+                trl_threads = [cpu_threads()]
             trl_by: dict[int, list[dict]] = {n: [] for n in trl_threads}
             for r in range(args.rounds):
-                sides = ["ours", "onpolicy", *(f"trl{n}" for n in trl_threads)]
+                sides = ["ours", *([] if args.smoke else ["onpolicy"]), *(f"trl{n}" for n in trl_threads)]
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     if side == "ours":
@@ -414,8 +437,8 @@ def main() -> None:
                         onpolicy_r.append(res)
                     else:
                         n = int(side[3:])
-                        res = trl_round(args.timing_steps, seed=r, prompts_pool=pool, out_dir=str(Path(tmp) / f"{side}-{r}"),
-                                        threads=n)
+                        res = trl_round(args.timing_steps, seed=r, prompts_pool=pool,
+                                        out_dir=str(Path(tmp) / f"{side}-{r}"), threads=n)
                         trl_by[n].append(res)
                     label = {"ours": "ours", "onpolicy": "ours on-pol."}.get(side, f"TRL ({side[3:]} thr)")
                     print(f"  round {r + 1} {label:>12}: steps " + " ".join(f"{x:.3f}" for x in res["step_s"])
@@ -425,7 +448,8 @@ def main() -> None:
             trl_meds = {n: _med([x for res in rs for x in res["step_s"][1:]]) for n, rs in trl_by.items()}
             best_threads = min(trl_meds, key=trl_meds.get)  # the baseline: TRL at its faster thread count
             trl_r = trl_by[best_threads]
-            print("  TRL median step by thread count: " + ", ".join(f"{n} threads {v:.3f} s" for n, v in trl_meds.items())
+            print("  TRL median step by thread count: "
+                  + ", ".join(f"{n} threads {v:.3f} s" for n, v in trl_meds.items())
                   + f"; the baseline is the faster ({best_threads})", flush=True)
             trl_steps = [x for res in trl_r for x in res["step_s"][1:]]
             ours_s, trl_s = _med(ours_steps), _med(trl_steps)
@@ -437,14 +461,14 @@ def main() -> None:
             trl_settings = trl_r[0]["settings"]
             print(f"  TRL GRPOConfig as run: {trl_settings}", flush=True)
 
-            parts = None
+            parts, n_parts = None, 1 if args.smoke else 6
             if not args.no_breakdown:
-                print(f"\nbreakdown of one of our steps (in this process at the worker's {cpu_threads()} thread(s), median "
-                      "of 6 after a warm-up) ...", flush=True)
+                print(f"\nbreakdown of one of our steps (in this process at the worker's {cpu_threads()} thread(s), "
+                      f"median of {n_parts} after a warm-up) ...", flush=True)
                 before_threads = torch.get_num_threads()
                 torch.set_num_threads(cpu_threads())
                 try:
-                    parts = breakdown(pool)
+                    parts = breakdown(pool, steps=n_parts)
                 finally:
                     torch.set_num_threads(before_threads)
 
@@ -459,8 +483,12 @@ def main() -> None:
             print(f"  before: sampled {before['accuracy']:.3f}, greedy {before['greedy_accuracy']:.3f} "
                   f"({ev_before_s:.1f} s); {_load()}", flush=True)
             what = "a default mini-run" if not args.pool else f"a default mini-run on a pool of {args.pool} prompts"
-            print(f"  training {what} for {args.train_minutes:g} min ...", flush=True)
-            lr_res = learning_run(store, args.train_minutes, args.pool)
+            if args.smoke:
+                print("  smoke: the first timing round's end checkpoint stands in for the learning run", flush=True)
+                lr_res = timing_run_as_learning(store, ours_r[0])
+            else:
+                print(f"  training {what} for {args.train_minutes:g} min ...", flush=True)
+                lr_res = learning_run(store, args.train_minutes, args.pool)
             step_k, ckpt = lr_res["checkpoint"]
             after, ev_after_s = evaluate(ckpt, heldout, args.eval_k, args.eval_seed)
             print(f"  after {step_k} steps: sampled {after['accuracy']:.3f}, greedy {after['greedy_accuracy']:.3f} "
@@ -482,15 +510,16 @@ def main() -> None:
     print(f"  {'  sampling (ours: sample_s, in the sampler process) / generate + score (TRL)':<{w}} "
           f"{ours_sample:>8.3f} {trl_gen:>8.3f}")
     print(f"  {'  ours: wall time between stored steps (owner side)':<{w}} {ours_wall:>8.3f}")
-    print(f"  {'  ours with overlap=False (strictly on-policy, as TRL)':<{w}} {onpolicy_s:>8.3f} {trl_s:>8.3f} "
-          f"{onpolicy_s / trl_s:>7.2f}")
+    if onpolicy_r:
+        print(f"  {'  ours with overlap=False (strictly on-policy, as TRL)':<{w}} {onpolicy_s:>8.3f} {trl_s:>8.3f} "
+              f"{onpolicy_s / trl_s:>7.2f}")
     print(f"  {'  mean completion length, tokens':<{w}} {ours_len:>8.1f} {trl_len:>8.1f}")
     speed = trl_s / ours_s
     how = f"{speed:.2f}x faster than" if speed >= 1 else f"slower: {ratio:.2f}x the time of"
     print(f"  ours is {how} TRL's GRPOTrainer (speed-up = TRL time / ours = {speed:.2f}); target >= "
           f"{TARGET_SPEEDUP:g}x (ratio <= {1 / TARGET_SPEEDUP:.3f}): {'met' if speed >= TARGET_SPEEDUP else 'NOT met'}")
     if parts:
-        print("where one of our steps goes (in this process, the worker's functions, median of 6):")
+        print(f"where one of our steps goes (in this process, the worker's functions, median of {n_parts}):")
         for k, v in parts.items():
             print(f"  {k:<{w}} {v:>8.4f} s")
     train_steps = len(curve)
@@ -504,10 +533,12 @@ def main() -> None:
     for label, key in ((f"mean sampled accuracy, temperature 1, k = {k} (the figure)", "accuracy"),
                        ("greedy accuracy", "greedy_accuracy"), (f"pass@{k}", f"pass@{k}")):
         print(f"  {label:<{w}} {before[key]:>8.3f} {after[key]:>8.3f} {100 * (after[key] - before[key]):>+9.1f}")
-    print(f"  {'mean completion length (sampled), tokens':<{w}} {before['mean_length']:>8.1f} {after['mean_length']:>8.1f}")
+    print(f"  {'mean completion length (sampled), tokens':<{w}} {before['mean_length']:>8.1f} "
+          f"{after['mean_length']:>8.1f}")
     print(f"  {'mean token entropy (sampled)':<{w}} {before['entropy']:>8.3f} {after['entropy']:>8.3f}")
     gain = 100 * (after["accuracy"] - before["accuracy"])
-    print(f"  gain {gain:+.1f} points; target >= +{TARGET_GAIN_POINTS:g}: {'met' if gain >= TARGET_GAIN_POINTS else 'NOT met'}")
+    print(f"  gain {gain:+.1f} points; target >= +{TARGET_GAIN_POINTS:g}: "
+          f"{'met' if gain >= TARGET_GAIN_POINTS else 'NOT met'}")
     print(f"  the learning run: median step_s {learn_step:.3f} s over {train_steps} steps, wall between stored steps "
           f"{_med(lr_res['stored_interval_s']):.3f} s (device {lr_res['device']})")
     n = len(curve)
@@ -522,8 +553,8 @@ def main() -> None:
     print(f"  load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min; the machine is shared)")
     print(f"\n(total {time.perf_counter() - started:.0f} s)\n")
 
-    print(json.dumps({"figure": "minirun_step_s", "value": round(ours_s, 3), "unit": "s",
-                      "baseline": "trl_grpo_step_s", "baseline_value": round(trl_s, 3), "ratio": _ratio(ours_s, trl_s)}))
+    print(json.dumps({"figure": "minirun_step_s", "value": round(ours_s, 3), "unit": "s", "baseline": "trl_grpo_step_s",
+                      "baseline_value": round(trl_s, 3), "ratio": _ratio(ours_s, trl_s)}))
     print(json.dumps({"figure": "minirun_accuracy_gain_points", "value": round(gain, 1), "unit": "points",
                       "baseline": "accuracy_before_points", "baseline_value": round(100 * before["accuracy"], 1),
                       "ratio": None}))

@@ -14,7 +14,8 @@ Two batches: the one Generate sends (4 prompts x a group of 8, 48 new tokens: th
 and a larger one (16 prompts x 8). Target: remote / local >= 0.8 (the API costs at most a
 fifth).
 
-Options: --reps, --prompts, --group, --new-tokens, --threads, --seed.
+Options: --reps, --prompts, --group, --new-tokens, --threads, --seed, --smoke (one repetition of
+1 prompt x 2, 8 new tokens: seconds, most of them the backend's start).
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
+
+from benchmarks import smoke  # noqa: E402
 
 TARGET = 0.8
 
@@ -111,7 +114,8 @@ def main(args) -> None:
         rows = (args.prompts if name == "generate_chunk" else 4 * args.prompts) * args.group
         ratio = r["tokens_s"]["remote"] / r["tokens_s"]["local"]
         print(f"{name:<16} {rows:>5} {r['tokens']:>7} {r['median_s']['local']:>9.3f} {r['median_s']['remote']:>9.3f} "
-              f"{r['tokens_s']['local']:>12.0f} {r['tokens_s']['remote']:>13.0f} {ratio:>6.3f} {str(r['same_tokens']):>12}")
+              f"{r['tokens_s']['local']:>12.0f} {r['tokens_s']['remote']:>13.0f} {ratio:>6.3f} "
+              f"{str(r['same_tokens']):>12}")
         if not r["same_tokens"]:
             print("  WARNING: the two sides drew different tokens for the same seed")
     fig = results["generate_chunk"]
@@ -132,7 +136,7 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=48, help="most new tokens per completion (default 48)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads on each side (default: cores less one)")
     ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args(argv)
+    return smoke.parse_args(ap, argv, reps=1, prompts=1, group=2, new_tokens=8)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ are checked to agree on every rollout. For people, the script also splits one ex
 sandboxed apply into its phases (read, score in the pool, write), and times the sandbox's
 own scoring function (``score_chunk``) on all rows in this process, without workers.
 
-Options: --n (rollouts), --reps, --chunk (sandbox chunk size).
+Options: --n (rollouts), --reps, --chunk (sandbox chunk size), --smoke (1,024 rollouts, one repetition).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
+from benchmarks import smoke  # noqa: E402
 from sample_data import ROLLOUTS_DIR  # noqa: E402
 
 TARGET_RATIO = 1.5
@@ -76,12 +77,15 @@ def build_store(path: Path, n: int):
     if extra:
         copies = -(-extra // seeded)  # ceil
         with store.transaction() as cur:
-            cur.execute(f"""INSERT INTO runs (run_id, kind, name, policy, task, config, parent_run_id, created_at, status)
+            cur.execute(f"""INSERT INTO runs (run_id, kind, name, policy, task, config, parent_run_id, created_at,
+                                              status)
                             SELECT '{COPY_RUN}', 'import', 'bench_rescore copies', policy, task, config, run_id,
                                    created_at, 'done'
                             FROM runs WHERE run_id = ?""", [seed_run])
             cur.execute(f"""
-                INSERT INTO rollouts
+                INSERT INTO rollouts (rollout_id, run_id, train_step, prompt_id, group_id, sample_idx, text,
+                                      n_tokens, finish_reason, parent_rollout_id, fork_pos, forced_token_id,
+                                      policy_version, created_at)
                 SELECT ro.rollout_id || '-c' || k.range AS rollout_id, '{COPY_RUN}' AS run_id, ro.train_step,
                        ro.prompt_id, ro.group_id || '-c' || k.range AS group_id, ro.sample_idx, ro.text,
                        ro.n_tokens, ro.finish_reason, NULL AS parent_rollout_id, NULL AS fork_pos,
@@ -133,7 +137,8 @@ def in_process(store, name: str, reward) -> tuple[float, str, int, dict]:
     out = []
     for task_name, part in rows.groupby("task", sort=False):
         task = get_task(task_name)
-        for rollout_id, prompt_text, gold_json, completion in part[["rollout_id", "prompt", "gold", "completion"]].itertuples(index=False, name=None):
+        recs = part[["rollout_id", "prompt", "gold", "completion"]].itertuples(index=False, name=None)
+        for rollout_id, prompt_text, gold_json, completion in recs:
             gold = json.loads(gold_json) if isinstance(gold_json, str) else (gold_json or {})
             prompt = Prompt(prompt_text, gold)
             try:
@@ -215,7 +220,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each method (median reported)")
     ap.add_argument("--chunk", type=int, default=500, help="rows per sandbox task in the phase split "
                                                             "(apply_rule's own default is 500)")
-    args = ap.parse_args()
+    args = smoke.parse_args(ap, n=1_024, reps=1)
     started = time.perf_counter()
     load0 = os.getloadavg()
 
@@ -241,7 +246,8 @@ def main() -> None:
             # the seeded rewards are the built-in rule's (studio.rewards.ARITHMETIC_V1), same weights
             builtin = store.scalar("""
                 SELECT count(*) FILTER (WHERE abs(a.value - b.value) > 1e-9) || '/' || count(*)
-                FROM rewards a JOIN rewards b USING (rollout_id) JOIN rule_versions v ON v.rule_version_id = a.rule_version_id
+                FROM rewards a JOIN rewards b USING (rollout_id)
+                JOIN rule_versions v ON v.rule_version_id = a.rule_version_id
                 WHERE v.name = 'bench-warm' AND b.rule_version_id <> a.rule_version_id
                   AND a.component = 'total' AND b.component = 'total'""")
             print(f"  warm-up totals vs the seeded built-in rule's rewards: {builtin} differ", flush=True)
@@ -269,7 +275,8 @@ def main() -> None:
 
             both, diff, missing = compare_totals(store, vids["sandbox"], vids["loop"])
             assert missing == 0 and diff == 0, f"totals: {both} compared, {diff} differ, {missing} missing"
-            print(f"totals agree: sandbox {vids['sandbox']} and loop {vids['loop']} on all {both:,} rollouts", flush=True)
+            print(f"totals agree: sandbox {vids['sandbox']} and loop {vids['loop']} on all {both:,} rollouts",
+                  flush=True)
 
             print("phase split of one more sandboxed apply ...", flush=True)
             ph = sandbox_phases(store, "bench-phases", args.chunk)
@@ -285,7 +292,8 @@ def main() -> None:
           f"reps {', '.join(f'{x:.2f}' for x in times['sandbox'])}")
     print(f"  in-process loop:                  {tl:.2f} s  ({args.n / tl:,.0f} rollouts/s)  "
           f"reps {', '.join(f'{x:.2f}' for x in times['loop'])}")
-    print(f"  ratio sandbox / loop: {ratio:.2f}  (target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'})")
+    print(f"  ratio sandbox / loop: {ratio:.2f}  "
+          f"(target <= {TARGET_RATIO}: {'met' if ratio <= TARGET_RATIO else 'NOT met'})")
     print(f"  sandbox time for {args.n:,}: {ts:.2f} s  (target < {TARGET_S:.0f} s for 100k: "
           f"{'met' if ts < TARGET_S * args.n / 100_000 else 'NOT met'})")
     print(f"  pool cold start + 512-rollout warm-up: {cold_s:.2f} s (not in the figure)")

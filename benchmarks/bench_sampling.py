@@ -4,11 +4,19 @@ Run: ``python benchmarks/bench_sampling.py`` (about 4-6 minutes on a busy 2-core
 
 What a user must do today to get each sampled token's logprob, the full-distribution
 entropy and the top-5 alternatives is call ``model.generate(..., do_sample=True,
-output_scores=True, return_dict_in_generate=True)`` and then compute the statistics from
-the stacked scores. ``backends.policy.sample_batch`` computes them on the fly at every
-decoding step and drops the logits. Both methods get the same model, the same left-padded
-batch of prompts, the same seed, and the same number of new tokens (the end token is
-disabled for both, so every row runs to ``max_new_tokens``).
+output_scores=True, return_dict_in_generate=True)`` and compute the statistics from the
+scores it returns. ``backends.policy.sample_batch`` computes them on the fly at every
+decoding step and drops the logits. Two ways of doing the ``generate`` side are timed:
+
+* the baseline (``per_step``), the fairest: the statistics computed step by step from
+  ``out.scores``, each step's scores dropped once read, so beyond the T x [B, V] scores
+  ``generate`` hands back only one step's [B, V] temporaries are ever allocated;
+* ``stacked``, a second, labelled figure: every step's scores stacked into one [B, T, V]
+  tensor first, then the statistics (what a user writes first; several [B, T, V] copies).
+
+All methods get the same model, the same left-padded batch of prompts, the same seed, and
+the same number of new tokens (the end token is disabled, so every row runs to
+``max_new_tokens``).
 
 Two cases:
   (a) the sample policy (``sample_data/policy``, a ~0.8M-parameter char-level GPT-2);
@@ -18,13 +26,18 @@ Two cases:
 Everything runs in subprocesses (this script with the hidden ``--worker`` option). Peak
 memory: one fresh process per (case, method), reporting the peak resident-set increase
 over the RSS just before one full run (after the model is loaded and its weights paged in).
-Time: one process per case runs the two methods interleaved after a short warm-up,
-``--reps`` times each (5x as many for the sub-second sample-policy runs), and compares
-medians; it also checks both methods' statistics for one sequence against a
+Time: one process per case runs the methods interleaved (the order rotating) after a short
+warm-up, ``--reps`` times each (5x as many for the sub-second sample-policy runs), and
+compares medians; it also checks every method's statistics for one sequence against a
 teacher-forced forward pass over the same tokens.
 
+Figures: ``sampling_speed_<case>`` and ``sampling_peak_mem_150k_vocab`` against the
+per-step ``generate`` baseline; ``sampling_speed_<case>_vs_stacked`` and
+``sampling_peak_mem_150k_vocab_vs_stacked`` against the stacked one.
+
 Options: --reps, --batch, --new-tokens (override both cases), --vocab, --hidden, --layers,
---policy (default: the sample policy), --seed.
+--policy (default: the sample policy), --seed, --smoke (a 4,096-token vocabulary, 4 rows x 8
+tokens, one repetition, one torch thread, measured in this process instead of fresh ones: seconds).
 """
 from __future__ import annotations
 
@@ -43,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
+from benchmarks import smoke  # noqa: E402
 from sample_data import POLICY_DIR  # noqa: E402
 
 RESULT_TAG = "@@bench-result "
@@ -51,6 +65,10 @@ TOPK = 5
 DEFAULTS = {"sample_policy": (64, 40), "150k_vocab": (16, 64)}
 # a sample-policy run takes well under a second, where scheduler noise dominates: repeat it more
 REPS_SCALE = {"sample_policy": 5, "150k_vocab": 1}
+METHODS = ("ours", "per_step", "stacked")
+LABELS = {"ours": "backend sample_batch (stats on the fly)", "per_step": "generate(output_scores) + per-step stats",
+          "stacked": "generate(output_scores) + stacked stats"}
+BASELINES = {"per_step": "hf_generate_output_scores_per_step", "stacked": "hf_generate_output_scores_stacked"}
 
 
 # --------------------------------------------------------------------------------------
@@ -136,7 +154,8 @@ def run_ours(model, tok, prompts, new_tokens, seed):
     return n_tok, per_row
 
 
-def run_baseline(model, tok, prompts, new_tokens, seed):
+def _generate(model, tok, prompts, new_tokens, seed):
+    """``generate`` with its scores, as a user calls it: (new token ids [B, T], scores: T x [B, V])."""
     import torch
 
     enc = tok(prompts, return_tensors="pt", padding=True)  # left-padded, like ours
@@ -144,11 +163,36 @@ def run_baseline(model, tok, prompts, new_tokens, seed):
     out = model.generate(**enc, do_sample=True, output_scores=True, return_dict_in_generate=True,
                          top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=new_tokens,
                          pad_token_id=tok.pad_token_id)
+    return out.sequences[:, enc["input_ids"].shape[1]:], list(out.scores)
+
+
+def run_per_step(model, tok, prompts, new_tokens, seed):
+    """The baseline: the statistics from each step's scores in turn, each step dropped once read."""
+    import torch
+
+    new, scores = _generate(model, tok, prompts, new_tokens, seed)  # [B, T], T x [B, V]
+    B, T = new.shape
+    lp, ent, topv = torch.empty(B, T), torch.empty(B, T), torch.empty(B, T, TOPK)
+    with torch.no_grad():
+        for t in range(T):
+            logp = torch.log_softmax(scores[t].float(), dim=-1)  # [B, V]
+            scores[t] = None  # drop the step: only one [B, V] at a time beyond generate's own
+            lp[:, t] = logp.gather(-1, new[:, t, None]).squeeze(-1)
+            ent[:, t] = -(logp.exp() * logp).sum(-1)
+            topv[:, t] = logp.topk(TOPK, dim=-1).values
+    per_row = [(new[b].tolist(), lp[b].numpy(), ent[b].numpy(), topv[b].numpy()) for b in range(B)]
+    return int(new.numel()), per_row
+
+
+def run_stacked(model, tok, prompts, new_tokens, seed):
+    """The second baseline: every step's scores stacked first, then the statistics."""
+    import torch
+
+    new, scores = _generate(model, tok, prompts, new_tokens, seed)
     with torch.no_grad():
         # What a user writes: stack every step's scores, then the same statistics as ours.
-        scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]
+        scores = torch.stack(scores, dim=1).float()  # [B, T, V]
         logp = torch.log_softmax(scores, dim=-1)
-        new = out.sequences[:, enc["input_ids"].shape[1]:]  # [B, T]
         lp = logp.gather(-1, new[..., None]).squeeze(-1)  # [B, T]
         ent = -(logp.exp() * logp).sum(-1)  # [B, T]
         top = logp.topk(TOPK, dim=-1)  # values and ids, [B, T, k]
@@ -173,55 +217,63 @@ def teacher_forced_error(model, tok, prompt, row) -> float:
     return float(max(np.abs(ref_lp - lp).max(), np.abs(ref_ent - ent).max(), np.abs(ref_tkl - tkl).max()))
 
 
-def worker(args) -> None:
-    """``--worker mem-ours|mem-baseline``: peak memory of one full run of one method, in this
-    fresh process. ``--worker time``: both methods, interleaved, ``--reps`` times each."""
+def measure(mode: str, model_dir: Path, tokenizer_dir: Path, batch: int, new_tokens: int, reps: int,
+            seed: int) -> dict:
+    """``mem-<method>``: peak memory of one full run of one method (in a fresh process, for the
+    figure). ``time``: every method, interleaved, ``reps`` times each."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
+    hf_logging.disable_progress_bar()
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # fixed length for both methods
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # fixed length for every method
     tok = _NoEosTokenizer(tok)
-    prompts = bench_prompts(args.batch, args.seed)
+    prompts = bench_prompts(batch, seed)
 
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     longest = max(len(tok(p)["input_ids"]) for p in prompts)
-    if limit and longest + args.new_tokens > limit:
-        sys.exit(f"prompt ({longest}) + new tokens ({args.new_tokens}) exceed the model's {limit} positions")
+    if limit and longest + new_tokens > limit:
+        sys.exit(f"prompt ({longest}) + new tokens ({new_tokens}) exceed the model's {limit} positions")
 
-    methods = {"ours": run_ours, "baseline": run_baseline}
+    methods = {"ours": run_ours, "per_step": run_per_step, "stacked": run_stacked}
     # safetensors loads weights memory-mapped: fault them in now, and run each method once on
     # one short row (lazy imports, kernel setup), so what follows measures only the batch
     for t in model.state_dict().values():
         t.sum()
-    names = [args.worker[len("mem-"):]] if args.worker.startswith("mem-") else list(methods)
+    names = [mode[len("mem-"):]] if mode.startswith("mem-") else list(methods)
     for name in names:
-        methods[name](model, tok, prompts[:1], 2, args.seed)
+        methods[name](model, tok, prompts[:1], 2, seed)
 
-    if args.worker.startswith("mem-"):
+    if mode.startswith("mem-"):
         with PeakRSS() as mem:
-            methods[names[0]](model, tok, prompts, args.new_tokens, args.seed)
-        result = {"peak_mb": mem.mb}
-    else:
-        # Interleave the methods (alternating which goes first) so that load changes on a
-        # shared machine hit both alike; the medians are compared.
-        times = {name: [] for name in methods}
-        out = {}
-        for rep in range(args.reps):
-            for name in (names if rep % 2 == 0 else names[::-1]):
-                t0 = time.perf_counter()
-                out[name] = methods[name](model, tok, prompts, args.new_tokens, args.seed)
-                times[name].append(time.perf_counter() - t0)
-        # check the most left-padded row: padding is where a cached sampler goes wrong
-        r = min(range(len(prompts)), key=lambda i: len(prompts[i]))
-        result = {name: {"tokens": out[name][0], "times_s": times[name], "median_s": statistics.median(times[name]),
-                         "check_max_abs_err": teacher_forced_error(model, tok, prompts[r], out[name][1][r])}
-                  for name in methods}
-        result["expected_tokens"] = args.batch * args.new_tokens
+            methods[names[0]](model, tok, prompts, new_tokens, seed)
+        return {"peak_mb": mem.mb}
+    # Interleave the methods (rotating which goes first) so that load changes on a shared
+    # machine hit all alike; the medians are compared.
+    times = {name: [] for name in methods}
+    out = {}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            t0 = time.perf_counter()
+            out[name] = methods[name](model, tok, prompts, new_tokens, seed)
+            times[name].append(time.perf_counter() - t0)
+    # check the most left-padded row: padding is where a cached sampler goes wrong
+    r = min(range(len(prompts)), key=lambda i: len(prompts[i]))
+    result = {name: {"tokens": out[name][0], "times_s": times[name], "median_s": statistics.median(times[name]),
+                     "check_max_abs_err": teacher_forced_error(model, tok, prompts[r], out[name][1][r])}
+              for name in methods}
+    result["expected_tokens"] = batch * new_tokens
+    return result
+
+
+def worker(args) -> None:
+    """``--worker MODE``: :func:`measure` in this fresh process; the result on a tagged line."""
+    result = measure(args.worker, args.model_dir, args.tokenizer_dir, args.batch, args.new_tokens, args.reps,
+                     args.seed)
     print(RESULT_TAG + json.dumps(result), flush=True)
 
 
@@ -266,6 +318,13 @@ def main(args) -> None:
     if not (policy / "config.json").is_file():
         raise SystemExit(f"no policy at {policy}: build it with `python -m sample_data.build_policy` or pass --policy")
 
+    # smoke: measured in this process (one import of torch instead of nine); peaks then reuse
+    # memory earlier runs freed, so they read low
+    run = measure if args.smoke else spawn_worker
+    if args.smoke:  # tiny tensors: one thread is as fast, and spins less on a busy machine
+        import torch
+
+        torch.set_num_threads(1)
     timing, mem = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-sampling-") as tmp:
         big = Path(tmp) / "random-150k"
@@ -277,46 +336,52 @@ def main(args) -> None:
         for case, model_dir in cases.items():
             shape = (args.batch or DEFAULTS[case][0], args.new_tokens or DEFAULTS[case][1])
             print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: memory ...", flush=True)
-            for method in ("ours", "baseline"):
-                r = spawn_worker(f"mem-{method}", model_dir, policy, *shape, args.reps, args.seed)
-                mem[case, method] = r["peak_mb"]
-            reps = args.reps * REPS_SCALE[case]
+            for method in METHODS:
+                mem[case, method] = run(f"mem-{method}", model_dir, policy, *shape, args.reps, args.seed)["peak_mb"]
+            reps = args.reps * (1 if args.smoke else REPS_SCALE[case])
             print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: time, {reps} reps ...", flush=True)
-            timing[case] = spawn_worker("time", model_dir, policy, *shape, reps, args.seed)
+            timing[case] = run("time", model_dir, policy, *shape, reps, args.seed)
 
     print()
-    print(f"{'case':<14} {'method':<40} {'tokens':>7} {'median s':>9} {'tokens/s':>10} {'peak MB':>9} "
+    print(f"{'case':<14} {'method':<42} {'tokens':>7} {'median s':>9} {'tokens/s':>10} {'peak MB':>9} "
           f"{'check err':>10}")
     speed = {}
     for case, t in timing.items():
-        for method in ("ours", "baseline"):
+        for method in METHODS:
             r = t[method]
-            name = "backend sample_batch (stats on the fly)" if method == "ours" else "generate(output_scores) + stats"
             speed[case, method] = r["tokens"] / r["median_s"]
-            print(f"{case:<14} {name:<40} {r['tokens']:>7} {r['median_s']:>9.3f} {speed[case, method]:>10.0f} "
-                  f"{mem[case, method]:>9.1f} {r['check_max_abs_err']:>10.1e}")
+            print(f"{case:<14} {LABELS[method]:<42} {r['tokens']:>7} {r['median_s']:>9.3f} "
+                  f"{speed[case, method]:>10.0f} {mem[case, method]:>9.1f} {r['check_max_abs_err']:>10.1e}")
             if r["tokens"] != t["expected_tokens"]:
                 print(f"  note: {r['tokens']} tokens generated, {t['expected_tokens']} expected "
                       "(rates use actual tokens)")
             if r["check_max_abs_err"] > 1e-3:
                 print("  WARNING: statistics differ from a teacher-forced forward pass by more than 1e-3")
 
-    a = _ratio(speed["sample_policy", "ours"], speed["sample_policy", "baseline"])
-    b = _ratio(speed["150k_vocab", "ours"], speed["150k_vocab", "baseline"])
-    m = _ratio(mem["150k_vocab", "ours"], mem["150k_vocab", "baseline"])
     print()
-    print(f"target (a) sample policy speed ratio >= 1.0: {a}  {'met' if a is not None and a >= 1.0 else 'NOT met'}")
-    print(f"target (b) 150k-vocab speed ratio >= 1.2:   {b}  {'met' if b is not None and b >= 1.2 else 'NOT met'}")
-    print(f"target (b) 150k-vocab memory ratio <= 0.5:  {m}  {'met' if m is not None and m <= 0.5 else 'NOT met'}")
+    for base in BASELINES:
+        a = _ratio(speed["sample_policy", "ours"], speed["sample_policy", base])
+        b = _ratio(speed["150k_vocab", "ours"], speed["150k_vocab", base])
+        m = _ratio(mem["150k_vocab", "ours"], mem["150k_vocab", base])
+        print(f"against generate + {base.replace('_', '-')} statistics:")
+        for label, x, ok in (("(a) sample policy speed ratio >= 1.0:", a, a is not None and a >= 1.0),
+                             ("(b) 150k-vocab speed ratio >= 1.2:  ", b, b is not None and b >= 1.2),
+                             ("(b) 150k-vocab memory ratio <= 0.5: ", m, m is not None and m <= 0.5)):
+            print(f"  target {label} {x}  {'met' if ok else 'NOT met'}")
+    if args.smoke:
+        print(f"  ({smoke.NOTE}; the '150k_vocab' case has {args.vocab} tokens)")
     print()
-    for case in ("sample_policy", "150k_vocab"):
-        print(json.dumps({"figure": f"sampling_speed_{case}", "value": round(speed[case, "ours"], 1),
-                          "unit": "tokens/s", "baseline": "hf_generate_output_scores_tokens_s",
-                          "baseline_value": round(speed[case, "baseline"], 1),
-                          "ratio": _ratio(speed[case, "ours"], speed[case, "baseline"])}))
-    print(json.dumps({"figure": "sampling_peak_mem_150k_vocab", "value": round(mem["150k_vocab", "ours"], 1),
-                      "unit": "MB", "baseline": "hf_generate_output_scores_peak_mb",
-                      "baseline_value": round(mem["150k_vocab", "baseline"], 1), "ratio": m}))
+    for base, prefix in BASELINES.items():
+        tail = "" if base == "per_step" else f"_vs_{base}"
+        for case in ("sample_policy", "150k_vocab"):
+            print(json.dumps({"figure": f"sampling_speed_{case}{tail}", "value": round(speed[case, "ours"], 1),
+                              "unit": "tokens/s", "baseline": f"{prefix}_tokens_s",
+                              "baseline_value": round(speed[case, base], 1),
+                              "ratio": _ratio(speed[case, "ours"], speed[case, base])}))
+        print(json.dumps({"figure": f"sampling_peak_mem_150k_vocab{tail}", "value": round(mem["150k_vocab", "ours"], 1),
+                          "unit": "MB", "baseline": f"{prefix}_peak_mb",
+                          "baseline_value": round(mem["150k_vocab", base], 1),
+                          "ratio": _ratio(mem["150k_vocab", "ours"], mem["150k_vocab", base])}))
 
 
 def parse_args(argv=None):
@@ -331,10 +396,10 @@ def parse_args(argv=None):
     ap.add_argument("--policy", type=Path, default=POLICY_DIR, help="sample policy folder (default sample_data/policy)")
     ap.add_argument("--seed", type=int, default=0)
     # worker mode: a measurement on one model in a fresh process (spawned by main)
-    ap.add_argument("--worker", choices=["mem-ours", "mem-baseline", "time"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=[f"mem-{m}" for m in METHODS] + ["time"], help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--tokenizer-dir", type=Path, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    return smoke.parse_args(ap, argv, reps=1, batch=4, new_tokens=8, vocab=4_096, hidden=64, layers=1)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
     this is the harder case), plus what the widget reads for its "N of M" line on a new filter:
     the filter's row count (``queries.rollout_table_counted`` counts it in the page's own scoring
     pass; ``queries.rollout_table_count`` only where the page did not) and ``queries.rollout_count``.
+    That filter is the narrowest (a run's incorrect rollouts of one prompt text in a reward range);
+    the broad ones come next.
+``filtered_page_incorrect_ms_median`` and ``filtered_page_reward_range_ms_median`` (target < 200 ms)
+    The same page and counts with one broad filter over every run: *incorrect* alone (the whole
+    store scored, about half of it matching), and a reward range alone (0.1-1.1, the lower bound
+    moved by 0.01 each repetition so no two repetitions ask the same).
 ``group_ms_median`` (no target; well under 200 ms)
     The group view (``widgets/group_view.py``): ``queries.group`` (every completion with reward,
     advantage and components) and ``queries.tokens_of`` its completions. A random group each time.
@@ -55,7 +61,7 @@ a sort by length and one by reward), the table's refresh queries (``queries.runs
 ``reward_bounds``) and the group picker's (``groups`` of a page's groups; the newest 50).
 
 Options: --db, --rollouts, --tokens-per-rollout, --reps, --ingest-rollouts, --ingest-reps, --no-ingest,
---sharded, --seed.
+--sharded, --seed, --smoke (2,000 rollouts, 3 repetitions, 1,000 ingested once: seconds).
 """
 from __future__ import annotations
 
@@ -66,22 +72,25 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
 from benchmarks import make_large_store as mls  # noqa: E402
-from studio.signals.steps import Segmenter
+from benchmarks import smoke  # noqa: E402
+from studio.signals.steps import Segmenter  # noqa: E402
 
 TARGETS = {"rollout_tokens_ms_median": ("<", 20.0), "filtered_page_ms_median": ("<", 200.0),
+           "filtered_page_incorrect_ms_median": ("<", 200.0), "filtered_page_reward_range_ms_median": ("<", 200.0),
            "group_ms_median": ("<", 200.0), "ingest_rows_per_s": (">=", 0.5)}  # ingest: ratio to the baseline
+FIGURES = ("rollout_tokens", "filtered_page", "filtered_page_incorrect", "filtered_page_reward_range", "group")
 PROMPT_TEXTS = [f"{d}+" for d in range(11, 99, 7)]  # "11+", "18+", ...: ~1 % of the synthetic prompts each
 
 
@@ -164,6 +173,12 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
         page(RolloutFilter(run_id=runs[i % len(runs)], correct=False, reward_min=0.1, reward_max=1.1,
                            prompt_contains=PROMPT_TEXTS[i % len(PROMPT_TEXTS)]))
 
+    def filtered_incorrect(i):  # the broadest filters: every run scored, many rows match
+        page(RolloutFilter(correct=False))
+
+    def filtered_reward_range(i):
+        page(RolloutFilter(reward_min=0.1 + 0.01 * (i % 10), reward_max=1.1))
+
     def filtered_recount(i):
         f = RolloutFilter(run_id=runs[i % len(runs)], correct=False, reward_min=0.1, reward_max=1.1,
                           prompt_contains=PROMPT_TEXTS[i % len(PROMPT_TEXTS)])
@@ -186,7 +201,12 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
         ("rollout_only", lambda i: queries.rollout(store, rids_r[i], None, cr), n,
          "queries.rollout (the header: scored_group's point reads)"),
         ("rollout_sql", sql_header, n, "the header as scored_rollouts_sql over the group (replaced)"),
-        ("filtered_page", filtered, n, "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + its count + rollout_count"),
+        ("filtered_page", filtered, n,
+         "rollout_table(run, incorrect, reward 0.1-1.1, prompt text) + its count + rollout_count"),
+        ("filtered_page_incorrect", filtered_incorrect, n,
+         "rollout_table(incorrect), every run + its count + rollout_count"),
+        ("filtered_page_reward_range", filtered_reward_range, n,
+         "rollout_table(reward 0.1-1.1, the lower bound moved per rep), every run + its count + rollout_count"),
         ("filtered_page_recount", filtered_recount, few,
          "the same with the count as a second scoring pass (rollout_table + rollout_table_count), as before"),
         ("group", group, n, "queries.group + queries.tokens_of (group view)"),
@@ -216,7 +236,7 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
     for key, fn, k, note in plan:
         out[key] = _timed(fn, k)
         notes[key] = note
-        print(f"  {key:22s} median {statistics.median(out[key]):8.1f} ms  ({k} reps)", flush=True)
+        print(f"  {key:26s} median {statistics.median(out[key]):8.1f} ms  ({k} reps)", flush=True)
     return out, notes
 
 
@@ -250,7 +270,6 @@ def shard_tables(n_rollouts: int, tokens_per_rollout: int, seed: int, shards: in
     for _run, lo, hi, t in plan.chunks():
         toks, ros = t["tokens"], t["rollouts"]
         offsets = pa.array(np.concatenate([[0], np.cumsum(ros["n_tokens"].to_numpy())]).astype(np.int32))
-        lists = lambda col: pa.ListArray.from_arrays(offsets, toks[col].combine_chunks())  # noqa: E731
         g = np.arange(lo, hi) // mls.GROUP
         out.append(pa.table({
             "prompt": plan.prompt_text.take(pa.array(plan.group_prompt[g])),
@@ -259,8 +278,8 @@ def shard_tables(n_rollouts: int, tokens_per_rollout: int, seed: int, shards: in
             "reward": pa.array(plan.accuracy[lo:hi] + 0.2 * plan.format[lo:hi] + plan.len_pen[lo:hi]),
             "accuracy": pa.array(plan.accuracy[lo:hi]),
             "token_texts": pa.ListArray.from_arrays(offsets, toks["token_text"].combine_chunks().dictionary_decode()),
-            "logprobs": lists("logprob"),
-            "entropies": lists("entropy"),
+            "logprobs": pa.ListArray.from_arrays(offsets, toks["logprob"].combine_chunks()),
+            "entropies": pa.ListArray.from_arrays(offsets, toks["entropy"].combine_chunks()),
         }))
     return out
 
@@ -283,7 +302,7 @@ def ingest(tmp: Path, n_rollouts: int, tokens_per_rollout: int, reps: int, seed:
     write_s, import_s, reports = [], [], []
     for k in range(reps):
         t = time.perf_counter()
-        for table, path in zip(tables, paths):
+        for table, path in zip(tables, paths, strict=True):
             pq.write_table(table, path)
         write_s.append(time.perf_counter() - t)
         db = tmp / f"ingest-{k}.duckdb"
@@ -319,12 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-rollout", type=int, default=mls.Shape.tokens_per_rollout)
     ap.add_argument("--reps", type=int, default=30, help="repetitions of each per-click action")
     ap.add_argument("--ingest-rollouts", type=int, default=100_000, help="rollouts in the ingest shards")
-    ap.add_argument("--ingest-reps", type=int, default=5, help="repetitions of the ingest pair (write, import): the machine is noisy")
+    ap.add_argument("--ingest-reps", type=int, default=5,
+                    help="repetitions of the ingest pair (write, import): the machine is noisy")
     ap.add_argument("--no-ingest", action="store_true", help="measure the latencies only (no ingest figure)")
     ap.add_argument("--sharded", action="store_true",
                     help="build the store with import runs' token rows in Parquet shards (as bulk imports write them)")
     ap.add_argument("--seed", type=int, default=7)
-    a = ap.parse_args(argv)
+    a = smoke.parse_args(ap, argv, rollouts=2_000, reps=3, ingest_rollouts=1_000, ingest_reps=1)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_scale-"))
     figures = []
@@ -352,12 +372,13 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(f"{'action':24s} {'median ms':>10s} {'p95 ms':>9s}  {'target':>8s}  what")
+    w = max(map(len, lat))
+    print(f"{'action':{w}s} {'median ms':>10s} {'p95 ms':>9s}  {'target':>8s}  what")
     for key, ms in lat.items():
         fig = f"{key}_ms_median"
         tgt = f"{TARGETS[fig][0]} {TARGETS[fig][1]:g}" if fig in TARGETS else ""
-        print(f"{key:24s} {statistics.median(ms):10.1f} {_p95(ms):9.1f}  {tgt:>8s}  {notes[key]}")
-    for key in ("rollout_tokens", "filtered_page", "group"):
+        print(f"{key:{w}s} {statistics.median(ms):10.1f} {_p95(ms):9.1f}  {tgt:>8s}  {notes[key]}")
+    for key in FIGURES:
         figures.append({"figure": f"{key}_ms_median", "value": round(statistics.median(lat[key]), 2), "unit": "ms",
                         "baseline": None, "baseline_value": None, "ratio": None})
     if ing is not None:

@@ -27,26 +27,33 @@ The shape follows what the studio writes:
   applying a new rule does), so "the most recent version per rollout" differs across runs.
   Accuracy is drawn per group with p ~ Beta(0.5, 0.5), so many groups are all-equal.
 
-The store is built beside ``--db`` and renamed into place when complete.
+The store is built beside ``--db`` and renamed into place when complete. It prints one JSON
+line: the store's path, its row counts and its bytes (a store, not a figure).
+
+``--smoke`` builds 800 rollouts in chunks of 200 with ``--sharded``, in a temporary directory
+unless ``--db`` is given: a check, in seconds, that the build still runs against the store.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+from benchmarks import smoke  # noqa: E402
 
 GROUP = 8
 GROUPS_PER_STEP = 64
@@ -105,14 +112,14 @@ class Plan:
         n_prompts = n_groups
         codes = rng.choice(900 ** 3, size=n_prompts, replace=False)
         a, b, c = codes // 810_000 + 10, (codes // 900) % 900 + 10, codes % 900 + 10
-        texts = [f"Q: {x}+{y}-{z}=" for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())]
+        texts = [f"Q: {x}+{y}-{z}=" for x, y, z in zip(a.tolist(), b.tolist(), c.tolist(), strict=True)]
         self.prompt_text = pa.array(texts, pa.string())
         self.prompt_ids = pa.array([prompt_id("arithmetic", t) for t in texts], pa.string())
         self.prompts = pa.table({
             "prompt_id": self.prompt_ids, "task": pa.array(["arithmetic"] * n_prompts), "text": self.prompt_text,
             "gold": pa.array([json.dumps({"answer": str(x + y - z), "solution": f"{x}+{y}={x + y};{x + y}-{z}="
                                           f"{x + y - z};A:{x + y - z}"}) for x, y, z in
-                              zip(a.tolist(), b.tolist(), c.tolist())]),
+                              zip(a.tolist(), b.tolist(), c.tolist(), strict=True)]),
             "meta": pa.array(["{}"] * n_prompts),
         })
         self.group_prompt = rng.integers(0, n_prompts, size=n_groups)
@@ -137,7 +144,7 @@ class Plan:
         return pd.DataFrame([{
             "run_id": rid, "kind": kind, "name": f"synthetic-{i:02d}", "policy": "sample", "task": "arithmetic",
             "config": json.dumps({"synthetic": True}), "created_at": self.t0 + timedelta(days=i), "status": "done",
-        } for i, (rid, kind) in enumerate(zip(self.run_ids, self.run_kind))])
+        } for i, (rid, kind) in enumerate(zip(self.run_ids, self.run_kind, strict=True))])
 
     def rule_rows(self) -> pd.DataFrame:
         return pd.DataFrame([
@@ -331,13 +338,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk", type=int, default=Shape.chunk, help="rollouts per Store.write")
     ap.add_argument("--seed", type=int, default=Shape.seed)
     ap.add_argument("--sharded", action="store_true", help="import runs' token rows in Parquet shards, one per run")
-    ap.add_argument("--db", type=Path, required=True, help="where to write the store (must not exist)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--db", type=Path, default=None,
+                    help="where to write the store (must not exist; required, except with --smoke)")
+    a = smoke.parse_args(ap, argv, rollouts=800, chunk=200, sharded=True)
+    if a.db is None and not a.smoke:
+        ap.error("--db is required")
     shape = Shape(a.rollouts, a.tokens_per_rollout, a.runs, a.chunk, a.seed, a.sharded)
-    store = build(a.db, shape)
-    counts = store.counts()
-    store.close()
-    print(json.dumps({"db": str(a.db), **counts, "bytes": size_of(a.db)}))
+    with tempfile.TemporaryDirectory(prefix="make-large-store-") as tmp:
+        db = a.db or Path(tmp) / "large.duckdb"
+        store = build(db, shape)
+        counts = store.counts()
+        store.close()
+        print(json.dumps({"db": str(db), **counts, "bytes": size_of(db)}))
 
 
 if __name__ == "__main__":
