@@ -81,8 +81,9 @@ def math_match(answer, gold) -> float:
     return 1.0 if verify(g, a, timeout_seconds=None) else 0.0
 
 
-def answer_correct(parsed, gold: dict, task=None) -> float:
-    """Final-answer accuracy: the task's own check when given, else a numeric match of
+def answer_correct(parsed, gold: dict, task=None, prompt: str = "") -> float:
+    """Final-answer accuracy: the task's own check when given (of the answer to ``prompt``,
+    for a task whose check reads the prompt's text), else a numeric match of
     ``parsed.answer`` against ``gold["answer"]``.
 
     >>> from studio.tasks import get_task
@@ -95,7 +96,7 @@ def answer_correct(parsed, gold: dict, task=None) -> float:
     if task is not None:
         from studio.tasks import Prompt
 
-        return 1.0 if task.is_correct(Prompt("", gold), parsed.answer) else 0.0
+        return 1.0 if task.is_correct(Prompt(prompt, gold), parsed.answer) else 0.0
     return numeric_match(parsed.answer, gold.get("answer"))
 
 
