@@ -295,6 +295,47 @@ def test_math_verify_answers_match_the_task_check_in_the_sandbox(seeded_store):
     assert 0 < d.rows["reward_a"].sum() < 512  # both outcomes occur, so agreement means something
 
 
+def test_a_cold_worker_loads_the_rule_before_the_per_rollout_timer(seeded_store):
+    """A fresh worker runs the rule's module-level code and pays math-verify's first import (with
+    sympy: seconds) before the per-rollout timer starts: with a limit far below that cost, no
+    rollout of a math_match rule times out (the limit still stops slow scoring: test above)."""
+    from studio.rewards import sandbox
+
+    limits = Limits(call_s=0.75, workers=1, memory_mb=2047)  # a pool of its own, started cold here
+    sandbox.kill_pool(limits)
+    src = ("import time\n"
+           "from studio.rewardlib import math_match\n\n"
+           "time.sleep(1.0)  # module-level work: loading the rule, not scoring a rollout\n\n\n"
+           "def reward(prompt, completion, gold, steps, **ctx):\n"
+           "    return math_match(ctx['parsed'].answer, gold['answer'])\n")
+    scope = queries.RolloutFilter(group_id=seeded_store.scalar("SELECT min(group_id) FROM rollouts"))
+    try:
+        res = rules.apply_rule_sync(seeded_store, src, "mv-cold", scope=scope, limits=limits)
+    finally:
+        sandbox.kill_pool(limits)
+    assert res.status == "done" and res.scored > 0 and res.failed == 0, res.errors[:1]
+
+
+def test_stored_rule_sources_import_studio_rewardlib(seeded_store):
+    """The rule sources stores hold import ``studio.rewardlib`` (both ways): that name re-exports the
+    whole library, and such a source scores in the sandbox exactly like the built-in rule."""
+    import studio.rewardlib as alias
+
+    assert alias.__all__ == rewardlib.__all__
+    assert all(getattr(alias, name) is getattr(rewardlib, name) for name in rewardlib.__all__)
+    src = ("import studio.rewardlib as rl\n"
+           "from studio.rewardlib import *\n\n\n"
+           "def reward(prompt, completion, gold, steps, **ctx):\n"
+           "    parts = {'accuracy': answer_correct(ctx['parsed'], gold, ctx['task']),\n"
+           "             'format': rl.format_ok(ctx['parsed']), 'steps': steps_correct(steps)}\n"
+           "    return {**parts, 'total': weighted(parts, {'format': 0.1, 'steps': 0.25})}\n")
+    scope = queries.RolloutFilter(group_id=seeded_store.scalar("SELECT max(group_id) FROM rollouts"))
+    res = rules.apply_rule_sync(seeded_store, src, "stored-style", scope=scope)
+    assert res.status == "done" and res.scored > 0 and res.failed == 0, res.errors[:1]
+    d = rules.diff(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id)
+    assert len(d.rows) == res.scored and d.changed.empty
+
+
 def test_new_rollouts_join_the_version_the_views_show(seeded_store):
     """After Generate, the new run is scored with the picked version, or else the most recently
     applied one: a user rule (with a ctx source) is re-run on exactly the new rollouts."""
