@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 import studio
 from backends import PolicyLoadError
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
-from studio import cli, queries
+from studio import queries
 from studio.curation.pairs import CurationError, PairRule
+from studio.face import cli
 from studio.face.api import Studio, StudioAPIError
 from studio.queries.console import ReadOnlyError
 from studio.rewards import rules

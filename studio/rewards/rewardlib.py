@@ -12,7 +12,8 @@ sum of the other entries when it has none). An optional step rule scores each st
     def step_reward(prompt, step, gold, **ctx) -> float
 
 Everything here is a small pure function with literal doctests, so a rule reads like the
-paper it comes from. Light on imports: it runs in the sandbox's worker processes.
+paper it comes from. The built-in rules (:mod:`studio.rewards.builtin`) are weighted sums of
+these same functions. Light on imports: it runs in the sandbox's worker processes.
 """
 from __future__ import annotations
 
