@@ -24,9 +24,9 @@ import studio
 from backends import PolicyLoadError
 from sample_data import POLICY_DIR, ROLLOUTS_DIR
 from studio import queries
-from studio.face import cli
 from studio.curation.errors import CurationError
 from studio.curation.rules import PairRule
+from studio.face import cli
 from studio.face.api import Studio, StudioAPIError
 from studio.queries.console import ReadOnlyError
 from studio.rewards import rules

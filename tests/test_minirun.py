@@ -285,9 +285,9 @@ def test_a_reward_model_or_a_failing_rule_is_the_training_reward(seeded_store):
     task's accuracy still tracked); a user rule that raises on some completions stores why."""
     from backends.reward_model import load_reward_model
     from sample_data import REWARD_MODEL_DIR
-    from studio.rewards import rules
+    from studio.rewards import reward_models, rules
 
-    rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR).rule_version_id
+    rm = reward_models.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR).rule_version_id
     small = dict(steps=2, prompts_per_step=2, group_size=4, checkpoint_every=2)
     run_id = minirun.start(seeded_store, MiniRunConfig(rule_version=rm, **small), name="rm")
     st = minirun.wait(run_id, 300)

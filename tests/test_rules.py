@@ -2,7 +2,7 @@
 import pytest
 
 from studio import queries
-from studio.rewards import ARITHMETIC_V1, rewardlib, rules
+from studio.rewards import ARITHMETIC_V1, diagnostics, reward_models, rewardlib, rules
 from studio.rewards.sandbox import Limits, RuleSourceError, check_source, source_sha
 from studio.tasks import Step, get_task
 
@@ -216,15 +216,15 @@ def test_hacking_diagnostics(seeded_store):
     base = ARITHMETIC_V1.version_id
     long = rules.apply_rule_sync(seeded_store, "def reward(prompt, completion, gold, steps, **ctx):\n"
                                                "    return {'len': len(completion) / 10.0}\n", "length-hack")
-    lc = rules.length_correlation(seeded_store).set_index("rule_version_id")
+    lc = diagnostics.length_correlation(seeded_store).set_index("rule_version_id")
     assert lc.loc[long.rule_version_id, "r"] > 0.99  # reward is length (chars ~ tokens for the char tokenizer)
     assert abs(lc.loc[base, "r"]) < lc.loc[long.rule_version_id, "r"]
-    dom = rules.component_dominance(seeded_store, base)
+    dom = diagnostics.component_dominance(seeded_store, base)
     assert set(dom["component"]) == {"accuracy", "format", "steps"}
     w = dict(zip(dom["component"], dom["weight"]))
     assert w["accuracy"] == pytest.approx(1.0, abs=1e-6) and w["steps"] == pytest.approx(0.25, abs=1e-6)
     assert dom.iloc[0]["component"] == "accuracy" and dom["share"].sum() == pytest.approx(1.0, abs=1e-6)
-    d = rules.disagreement(seeded_store, base, long.rule_version_id, threshold_a=1.0, threshold_b=2.5)
+    d = diagnostics.disagreement(seeded_store, base, long.rule_version_id, threshold_a=1.0, threshold_b=2.5)
     assert int(d.matrix.to_numpy().sum()) == 512
     assert len(d.false_positives) == d.matrix.loc["A fail", "B pass"]
     assert len(d.false_negatives) == d.matrix.loc["A pass", "B fail"]
@@ -261,7 +261,7 @@ def test_reward_model_scores_become_a_version_a_rule_can_read(seeded_store, tmp_
     GPT2ForSequenceClassification(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
 
-    res = rules.score_with_reward_model_sync(seeded_store, folder)
+    res = reward_models.score_with_reward_model_sync(seeded_store, folder)
     assert res.status == "done" and res.scored == 512 and res.rule_version_id.startswith("rm-rm@")
     vals = seeded_store.df("SELECT rollout_id, value FROM rewards WHERE rule_version_id = ?", [res.rule_version_id])
     assert len(vals) == 512 and ((vals["value"] > 0) & (vals["value"] < 1)).all()  # sigmoid of the logit
@@ -269,13 +269,13 @@ def test_reward_model_scores_become_a_version_a_rule_can_read(seeded_store, tmp_
     row = queries.rollout(seeded_store, vals.iloc[0]["rollout_id"])
     direct = load_reward_model(folder, device="cpu").score_rollouts([row["prompt"]], [row["text"]])[0]
     assert vals.iloc[0]["value"] == pytest.approx(float(direct), abs=1e-5)
-    assert rules.score_with_reward_model_sync(seeded_store, folder).status == "unchanged"
+    assert reward_models.score_with_reward_model_sync(seeded_store, folder).status == "unchanged"
     # a rule reads it, and the disagreement matrix compares it with the built-in rule
     mixed = rules.apply_rule_sync(seeded_store, "def reward(prompt, completion, gold, steps, **ctx):\n"
                                                 "    return ctx['rm'] * 10\n", "rm-x10", sources={"rm": res.rule_version_id})
     d = rules.diff(seeded_store, res.rule_version_id, mixed.rule_version_id)
     np.testing.assert_allclose(d.rows["reward_b"], 10 * d.rows["reward_a"], rtol=1e-9)
-    dis = rules.disagreement(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id, 1.0, 0.5)
+    dis = diagnostics.disagreement(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id, 1.0, 0.5)
     assert int(dis.matrix.to_numpy().sum()) == 512
 
 
@@ -293,6 +293,47 @@ def test_math_verify_answers_match_the_task_check_in_the_sandbox(seeded_store):
     d = rules.diff(seeded_store, ex.rule_version_id, mv.rule_version_id)
     assert len(d.rows) == 512 and d.changed.empty
     assert 0 < d.rows["reward_a"].sum() < 512  # both outcomes occur, so agreement means something
+
+
+def test_a_cold_worker_loads_the_rule_before_the_per_rollout_timer(seeded_store):
+    """A fresh worker runs the rule's module-level code and pays math-verify's first import (with
+    sympy: seconds) before the per-rollout timer starts: with a limit far below that cost, no
+    rollout of a math_match rule times out (the limit still stops slow scoring: test above)."""
+    from studio.rewards import sandbox
+
+    limits = Limits(call_s=0.75, workers=1, memory_mb=2047)  # a pool of its own, started cold here
+    sandbox.kill_pool(limits)
+    src = ("import time\n"
+           "from studio.rewardlib import math_match\n\n"
+           "time.sleep(1.0)  # module-level work: loading the rule, not scoring a rollout\n\n\n"
+           "def reward(prompt, completion, gold, steps, **ctx):\n"
+           "    return math_match(ctx['parsed'].answer, gold['answer'])\n")
+    scope = queries.RolloutFilter(group_id=seeded_store.scalar("SELECT min(group_id) FROM rollouts"))
+    try:
+        res = rules.apply_rule_sync(seeded_store, src, "mv-cold", scope=scope, limits=limits)
+    finally:
+        sandbox.kill_pool(limits)
+    assert res.status == "done" and res.scored > 0 and res.failed == 0, res.errors[:1]
+
+
+def test_stored_rule_sources_import_studio_rewardlib(seeded_store):
+    """The rule sources stores hold import ``studio.rewardlib`` (both ways): that name re-exports the
+    whole library, and such a source scores in the sandbox exactly like the built-in rule."""
+    import studio.rewardlib as alias
+
+    assert alias.__all__ == rewardlib.__all__
+    assert all(getattr(alias, name) is getattr(rewardlib, name) for name in rewardlib.__all__)
+    src = ("import studio.rewardlib as rl\n"
+           "from studio.rewardlib import *\n\n\n"
+           "def reward(prompt, completion, gold, steps, **ctx):\n"
+           "    parts = {'accuracy': answer_correct(ctx['parsed'], gold, ctx['task']),\n"
+           "             'format': rl.format_ok(ctx['parsed']), 'steps': steps_correct(steps)}\n"
+           "    return {**parts, 'total': weighted(parts, {'format': 0.1, 'steps': 0.25})}\n")
+    scope = queries.RolloutFilter(group_id=seeded_store.scalar("SELECT max(group_id) FROM rollouts"))
+    res = rules.apply_rule_sync(seeded_store, src, "stored-style", scope=scope)
+    assert res.status == "done" and res.scored > 0 and res.failed == 0, res.errors[:1]
+    d = rules.diff(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id)
+    assert len(d.rows) == res.scored and d.changed.empty
 
 
 def test_new_rollouts_join_the_version_the_views_show(seeded_store):
@@ -327,7 +368,7 @@ def test_new_rollouts_join_a_reward_model_version(seeded_store):
     from sample_data import POLICY_DIR, REWARD_MODEL_DIR
     from studio.runs.generation import GenerateConfig, generate_sync
 
-    rm = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
+    rm = reward_models.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
     gen = generate_sync(seeded_store, POLICY_DIR, ["Q: 5+5="], GenerateConfig(group_size=3, seed=1))
     assert rules.run_sync(rules.score_new_run, seeded_store, gen.run_id) == f"also scored with {rm.rule_version_id}"
     vals = seeded_store.df("""SELECT value FROM rewards JOIN rollouts USING (rollout_id)

@@ -41,11 +41,11 @@ def test_sample_reward_model_is_shipped_small_and_disagrees_with_the_rule_someti
     """The shipped reward model loads as a one-logit classifier, stays small, and is a real
     learned reward: better than chance against the rule, but not the rule."""
     from sample_data import REWARD_MODEL_DIR
-    from studio.rewards import ARITHMETIC_V1, rules
+    from studio.rewards import ARITHMETIC_V1, diagnostics, reward_models
 
     assert (REWARD_MODEL_DIR / "model.safetensors").stat().st_size < 2_000_000
-    res = rules.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
+    res = reward_models.score_with_reward_model_sync(seeded_store, REWARD_MODEL_DIR)
     assert res.status == "done" and res.scored == 512
-    m = rules.disagreement(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id, 1.0, 0.5).matrix
+    m = diagnostics.disagreement(seeded_store, ARITHMETIC_V1.version_id, res.rule_version_id, 1.0, 0.5).matrix
     agree = (m.loc["A pass", "B pass"] + m.loc["A fail", "B fail"]) / 512
     assert 0.6 < agree < 0.95

@@ -6,7 +6,7 @@ import numpy as np
 import panel as pn
 import param
 
-from studio.rewards import rules
+from studio.rewards import diagnostics, rules
 from studio.store import StoreError
 
 from .base.clickable import ClickableHTML
@@ -24,7 +24,7 @@ table.matrix td.agree { background:#ebfbee; } table.matrix td.fp { background:#f
 """
 
 
-def matrix_html(d: rules.Disagreement, limit: int = 15) -> str:
+def matrix_html(d: diagnostics.Disagreement, limit: int = 15) -> str:
     m = d.matrix
     total = int(m.to_numpy().sum())
     agree = int(m.loc["A pass", "B pass"] + m.loc["A fail", "B fail"])
@@ -104,10 +104,10 @@ class HackingView(LazyView):
             self._matrix.object = '<div class="empty">No scored rollouts yet.</div>'
             return
         try:
-            tot = rules._totals(self.state.store, b)
-            lc = rules.length_correlation(self.state.store)
-            dom = rules.component_dominance(self.state.store, b)
-            dis = rules.disagreement(self.state.store, a, b, self.threshold_a, self.threshold_b) if a else None
+            tot = diagnostics.totals(self.state.store, b)
+            lc = diagnostics.length_correlation(self.state.store)
+            dom = diagnostics.component_dominance(self.state.store, b)
+            dis = diagnostics.disagreement(self.state.store, a, b, self.threshold_a, self.threshold_b) if a else None
         except StoreError as exc:
             self._matrix.object = banner("error", str(exc))
             return

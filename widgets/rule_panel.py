@@ -14,7 +14,7 @@ import panel as pn
 import param
 
 from sample_data import REWARD_MODEL_DIR
-from studio.rewards import rules
+from studio.rewards import reward_models, rules
 from studio.rewards.sandbox import RuleSourceError, check_source
 from studio.store import StoreError
 
@@ -268,7 +268,7 @@ class RulePanel(LazyView):
             self._status.object = banner("info", f"scoring with the reward model in {self.rm_folder}…")
             scope = self.state.table_filter if SCOPES[self.scope] == "filter" else None
             try:
-                res = await rules.score_with_reward_model(self.state.store, self.rm_folder, scope=scope)
+                res = await reward_models.score_with_reward_model(self.state.store, self.rm_folder, scope=scope)
             except Exception as exc:  # a missing folder, an unloadable model, a dead worker: say which
                 self._status.object = banner("error", f"could not score with the reward model: {exc}")
                 return

@@ -263,7 +263,7 @@ class Studio(StudioViews):
             reward_model: instead of a rule, a sequence-classification reward-model folder.
             run: only this run's rollouts (default: every rollout).
         """
-        from studio.rewards import rules
+        from studio.rewards import reward_models, rules
 
         if (rule is None) == (reward_model is None):
             raise StudioAPIError("give a rule (source, .py file or module) or reward_model=FOLDER, not both")
@@ -277,7 +277,7 @@ class Studio(StudioViews):
             raise StudioAPIError(f"no run {run!r} in {self.store.path}; Studio.runs() lists them")
         scope = queries.RolloutFilter(run_id=run) if run else None
         if reward_model is not None:
-            res = rules.score_with_reward_model_sync(self.store, reward_model, scope)
+            res = reward_models.score_with_reward_model_sync(self.store, reward_model, scope)
         else:
             spec = str(rule)
             source = spec if "def reward" in spec else rules.load_source(spec)

@@ -12,7 +12,8 @@ sum of the other entries when it has none). An optional step rule scores each st
     def step_reward(prompt, step, gold, **ctx) -> float
 
 Everything here is a small pure function with literal doctests, so a rule reads like the
-paper it comes from. Light on imports: it runs in the sandbox's worker processes.
+paper it comes from. The built-in rules (:mod:`studio.rewards.builtin`) are weighted sums of
+these same functions. Light on imports: it runs in the sandbox's worker processes.
 """
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ def math_match(answer, gold) -> float:
     return 1.0 if verify(g, a, timeout_seconds=None) else 0.0
 
 
-def answer_correct(parsed, gold: dict, task=None) -> float:
-    """Final-answer accuracy: the task's own check when given, else a numeric match of
+def answer_correct(parsed, gold: dict, task=None, prompt: str = "") -> float:
+    """Final-answer accuracy: the task's own check when given (of the answer to ``prompt``,
+    for a task whose check reads the prompt's text), else a numeric match of
     ``parsed.answer`` against ``gold["answer"]``.
 
     >>> from studio.tasks import get_task
@@ -95,7 +97,7 @@ def answer_correct(parsed, gold: dict, task=None) -> float:
     if task is not None:
         from studio.tasks import Prompt
 
-        return 1.0 if task.is_correct(Prompt("", gold), parsed.answer) else 0.0
+        return 1.0 if task.is_correct(Prompt(prompt, gold), parsed.answer) else 0.0
     return numeric_match(parsed.answer, gold.get("answer"))
 
 

@@ -1,4 +1,4 @@
-"""Editable reward rules: apply a rule's source to stored rollouts, version it, diff versions.
+"""Editable reward rules as stored versions: apply a rule's source, extend a version, diff two.
 
 A rule is Python source defining ``reward(prompt, completion, gold, steps, **ctx)`` (and
 optionally ``step_reward``); see :mod:`studio.rewards.rewardlib` for the signature and the
@@ -6,7 +6,10 @@ built-in library. :func:`apply_rule` re-scores every rollout in a scope in the s
 worker processes (:mod:`studio.rewards.sandbox`) and writes the version and all its rewards in one
 transaction at the end: a version is stored whole or not at all, and nothing earlier is
 overwritten. Its id is ``name@`` + the first 10 hex digits of the hash of the normalised
-source, so the same rule applied twice is one version.
+source, so the same rule applied twice is one version. A version is extended to new
+rollouts with the very rule (or reward model, :mod:`studio.rewards.reward_models`) that made
+it, and two versions are diffed rollout by rollout; the reward-hacking signals over versions
+are :mod:`studio.rewards.diagnostics`.
 """
 from __future__ import annotations
 
@@ -18,10 +21,10 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -46,6 +49,10 @@ def reward(prompt, completion, gold, steps, **ctx):
     parts["total"] = weighted(parts, {"accuracy": 1.0, "format": 0.1, "steps": 0.25})
     return parts
 '''
+
+
+DEFAULT_LIMITS = Limits()
+"""The sandbox's limits when an apply names none."""
 
 
 def load_source(spec: str) -> str:
@@ -107,7 +114,7 @@ def _scope_rows(store: Store, vid: str, flt: queries.RolloutFilter | None) -> pd
 
 
 async def apply_rule(store: Store, source: str, name: str, note: str = "",
-                     scope: queries.RolloutFilter | None = None, limits: Limits = Limits(),
+                     scope: queries.RolloutFilter | None = None, limits: Limits = DEFAULT_LIMITS,
                      on_progress: Callable[[int, int], None] | None = None,
                      cancel: threading.Event | None = None, chunk: int = 500,
                      sources: dict[str, str] | None = None) -> ApplyResult:
@@ -136,8 +143,9 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
         return ApplyResult(vid, "unchanged", message="every rollout in scope is already scored by this version")
     sha = source_sha(source)
     for key, other in sources.items():  # each rollout's reward under the other source, for ctx[key]
-        vals = store.df("SELECT rollout_id, value FROM rewards WHERE rule_version_id = ? AND component = 'total'", [other])
-        rows[key] = rows["rollout_id"].map(dict(zip(vals["rollout_id"], vals["value"])))
+        vals = store.df("SELECT rollout_id, value FROM rewards WHERE rule_version_id = ? AND component = 'total'",
+                        [other])
+        rows[key] = rows["rollout_id"].map(dict(zip(vals["rollout_id"], vals["value"], strict=True)))
     cols = ["rollout_id", "prompt", "gold", "completion", *sources]
     ex = sandbox.pool(limits)
     loop = asyncio.get_running_loop()
@@ -149,7 +157,7 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
         # submitting is inside the try: a worker the first chunk kills breaks the pool before the
         # last chunk is submitted, and a broken pool must be dropped, not kept for the next apply
         for task_name, part in rows.groupby("task", sort=False):
-            recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:])})
+            recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:], strict=True)})
                     for r in part[cols].itertuples(index=False, name=None)]
             for lo in range(0, len(recs), chunk):
                 futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_name,
@@ -303,12 +311,12 @@ async def score_new_run(store: Store, run_id: str, picked: str = "") -> str:
     return "" if res.status == "unchanged" else f"not scored with {vid}: {res.message}"
 
 
-async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, limits: Limits = Limits(),
+async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, limits: Limits = DEFAULT_LIMITS,
                          cancel: threading.Event | None = None) -> ApplyResult:
     """Score the rollouts of ``scope`` that version ``vid`` has not scored yet, with the
     very rule (or reward model) that made it, so new rollouts join the version a view shows.
 
-    A built-in rule's version is rebuilt from :data:`studio.rewards.DEFAULT_RULES` when it is
+    A built-in rule's version is rebuilt from :data:`studio.rewards.builtin.DEFAULT_RULES` when it is
     the current one (older built-in versions cannot be re-run: status ``failed``, says so).
     """
     row = store.df("SELECT name, source FROM rule_versions WHERE rule_version_id = ?", [vid])
@@ -317,15 +325,18 @@ async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, l
     name, source = row["name"][0], row["source"][0]
     if source.startswith("# reward model "):
         folder = source.splitlines()[0].removeprefix("# reward model ").strip()
+        from studio.rewards.reward_models import score_with_reward_model
+
         res = await score_with_reward_model(store, folder, scope=scope)
     elif source.startswith("# import "):
         return ApplyResult(vid, "unchanged", message=f"{vid} holds the scores a training run logged; new rollouts "
                                                      "are scored by the rules and reward models of the store")
     elif source.startswith("# rule "):
-        from studio.rewards import DEFAULT_RULES
+        from studio.rewards.builtin import DEFAULT_RULES
 
         if not any(r.version_id == vid for r in DEFAULT_RULES.values()):
-            return ApplyResult(vid, "failed", message=f"{vid} is an older built-in rule; apply it as a rule to extend it")
+            return ApplyResult(vid, "failed",
+                               message=f"{vid} is an older built-in rule; apply it as a rule to extend it")
         return ApplyResult(vid, "unchanged", message="built-in rules score every new rollout already")
     else:
         sources = {}
@@ -393,117 +404,3 @@ def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = Non
     g["all_equal_a"] = (g["a_hi"] - g["a_lo"]) <= EQUAL_TOL
     g["all_equal_b"] = (g["b_hi"] - g["b_lo"]) <= EQUAL_TOL
     return Diff(a, b, df, g[["group_id", "prompt", "all_equal_a", "all_equal_b"]])
-
-
-# ---------------------------------------------------------------------------- hacking diagnostics
-
-def _totals(store: Store, vid: str) -> pd.DataFrame:
-    return store.df("""
-        SELECT rw.rollout_id, rw.value AS reward, ro.n_tokens, length(ro.text) AS n_chars, ro.text AS completion,
-               p.text AS prompt
-        FROM rewards rw JOIN rollouts ro USING (rollout_id) JOIN prompts p USING (prompt_id)
-        WHERE rw.rule_version_id = ? AND rw.component = 'total' AND rw.value IS NOT NULL""", [vid])
-
-
-def length_correlation(store: Store) -> pd.DataFrame:
-    """Per version: Pearson correlation of reward with completion length (tokens), and the
-    slope in reward per 10 tokens. A rising correlation across versions is the classic
-    sign of a length hack."""
-    df = store.df("""
-        SELECT rw.rule_version_id, corr(rw.value, ro.n_tokens) AS r, regr_slope(rw.value, ro.n_tokens) * 10 AS per_10_tokens,
-               count(*) AS rollouts
-        FROM rewards rw JOIN rollouts ro USING (rollout_id)
-        WHERE rw.component = 'total' AND rw.value IS NOT NULL
-        GROUP BY rw.rule_version_id""")
-    order = versions(store)["rule_version_id"].tolist()
-    return df.set_index("rule_version_id").reindex([v for v in order if v in set(df["rule_version_id"])]).reset_index()
-
-
-def component_dominance(store: Store, vid: str) -> pd.DataFrame:
-    """Which component drives the variance of the total: each component's share
-    ``w_i · cov(c_i, total) / var(total)``, with ``w_i`` fitted by least squares (the rule's
-    weights when the total is a weighted sum). Shares sum to the fit's R²."""
-    df = store.df("""SELECT rollout_id, component, value FROM rewards
-                     WHERE rule_version_id = ? AND value IS NOT NULL""", [vid])
-    wide = df.pivot_table(index="rollout_id", columns="component", values="value", aggfunc="first").dropna()
-    comps = [c for c in wide.columns if c != "total"]
-    if not comps or "total" not in wide or wide["total"].var() == 0:
-        return pd.DataFrame({"component": comps, "weight": np.nan, "share": np.nan})
-    X, y = wide[comps].to_numpy(float), wide["total"].to_numpy(float)
-    X1 = np.column_stack([X, np.ones(len(X))])
-    w = np.linalg.lstsq(X1, y, rcond=None)[0][:-1]
-    cov = np.array([np.cov(X[:, i], y)[0, 1] for i in range(len(comps))])
-    share = w * cov / y.var(ddof=1)
-    return pd.DataFrame({"component": comps, "weight": w, "share": share}).sort_values("share", ascending=False,
-                                                                                     ignore_index=True)
-
-
-@dataclass
-class Disagreement:
-    """Two reward sources thresholded into pass / fail on the same rollouts; A is the reference."""
-
-    a: str
-    b: str
-    matrix: pd.DataFrame  # rows: A pass / A fail, columns: B pass / B fail
-    false_positives: pd.DataFrame  # B passes what A fails
-    false_negatives: pd.DataFrame  # B fails what A passes
-
-
-def disagreement(store: Store, a: str, b: str, threshold_a: float = 0.5, threshold_b: float = 0.5) -> Disagreement:
-    """Where two reward sources (rule versions, a reward model's version) disagree."""
-    ta, tb = _totals(store, a), _totals(store, b)[["rollout_id", "reward"]]
-    j = ta.merge(tb, on="rollout_id", suffixes=("_a", "_b"))
-    pa, pb = j["reward_a"] >= threshold_a, j["reward_b"] >= threshold_b
-    m = pd.DataFrame([[int((pa & pb).sum()), int((pa & ~pb).sum())], [int((~pa & pb).sum()), int((~pa & ~pb).sum())]],
-                     index=["A pass", "A fail"], columns=["B pass", "B fail"])
-    cols = ["rollout_id", "prompt", "completion", "reward_a", "reward_b", "n_tokens"]
-    return Disagreement(a, b, m, j[~pa & pb][cols].reset_index(drop=True), j[pa & ~pb][cols].reset_index(drop=True))
-
-
-# ---------------------------------------------------------------------------- reward models
-
-async def score_with_reward_model(store: Store, rm_path: str | Path, scope: queries.RolloutFilter | None = None,
-                                  note: str = "", batch: int = 256) -> ApplyResult:
-    """Score rollouts with a sequence-classification reward model (in the model worker) and
-    store the scores as a version ``rm-<folder>@<weights hash>`` with one component, ``total``.
-
-    The version can be shown, diffed and compared like a rule's, and a rule can read it as
-    ``ctx[name]`` (:func:`apply_rule`'s ``sources``). Everything is written in one transaction.
-    """
-    from backends import check_policy_folder
-    from studio import workers
-
-    folder = Path(rm_path).expanduser().resolve()
-    check_policy_folder(folder)
-    t0 = time.perf_counter()
-    ex = workers.pool()
-    first = await asyncio.wrap_future(ex.submit(_rm_version, str(folder)))
-    vid = f"rm-{first}"
-    rows = _scope_rows(store, vid, scope)
-    if rows.empty:
-        return ApplyResult(vid, "unchanged", message="every rollout in scope is already scored by this reward model")
-    from backends.reward_model import rm_score_job
-
-    scores: list[float] = []
-    for lo in range(0, len(rows), batch):
-        part = rows.iloc[lo:lo + batch]
-        s, _ = await asyncio.wrap_future(ex.submit(rm_score_job, str(folder), part["prompt"].tolist(),
-                                                   part["completion"].tolist()))
-        scores.extend(s)
-    rewards = [(rid, "total", float(v), None) for rid, v in zip(rows["rollout_id"], scores)]
-    source = (f"# reward model {folder}\n# {first}: AutoModelForSequenceClassification on prompt + completion;\n"
-              "# the reward is the sigmoid of its single logit (the model's probability that the completion is right)\n")
-    _write_version(store, vid, vid.split("@")[0], source, note or "reward model", rewards, [])
-    return ApplyResult(vid, "done", scored=len(rows), seconds=time.perf_counter() - t0)
-
-
-def _rm_version(path: str) -> str:
-    """Runs in a worker: ``<folder>@<weights hash>`` of a reward model."""
-    from backends.reward_model import reward_model_version
-
-    return reward_model_version(path)
-
-
-def score_with_reward_model_sync(*args, **kwargs) -> ApplyResult:
-    """:func:`score_with_reward_model` from synchronous code."""
-    return run_sync(score_with_reward_model, *args, **kwargs)

@@ -8,6 +8,11 @@ whole apply, a total budget (``Limits.budget_s``: past it the workers are killed
 that raises, loops, returns NaN or the wrong type yields a per-rollout error with a short
 traceback; the other rollouts are still scored.
 
+The per-rollout timer covers the call only. A worker loads the rule first, untimed: it runs
+the rule's module-level code (its imports) and pays the first-use cost of the library
+functions the rule names (``math_match`` imports math-verify and sympy: seconds in a fresh
+worker), so a cold worker's first rollout has the same time as every other.
+
 The source is checked in the server by parsing only (:func:`check_source`: syntax errors
 with their line and column, a missing ``reward`` function), never executed there.
 """
@@ -110,7 +115,8 @@ def source_sha(source: str) -> str:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
     return hashlib.sha256(ast.unparse(tree).encode()).hexdigest()
 
@@ -175,12 +181,27 @@ _compiled: dict[str, dict] = {}
 
 
 def _compile(source: str, sha: str) -> dict:
+    """The rule's namespace, loaded once per worker and warmed up (both before any timed call)."""
     if sha not in _compiled:
         namespace: dict = {"__name__": "rule"}
         exec(compile(source, RULE_FILENAME, "exec"), namespace)  # noqa: S102  (the point of the sandbox)
         _compiled.clear()
         _compiled[sha] = namespace
+        _warm_up(source)
     return _compiled[sha]
+
+
+def _warm_up(source: str) -> None:
+    """Pay the first-use cost of the library functions ``source`` names: math-verify and sympy
+    load on ``math_match``'s first call, which must not count against a rollout's time."""
+    if "math_match" not in source:
+        return
+    from studio.rewards.rewardlib import math_match
+
+    try:
+        math_match("1", "1")
+    except Exception:  # math-verify missing or broken: the rule's own calls say so, rollout by rollout
+        pass
 
 
 def _on_alarm(signum, frame):
@@ -253,23 +274,24 @@ def score_chunk(source: str, sha: str, task_name: str, rows: list[tuple], call_s
                         for i, st in enumerate(parsed.steps):
                             v = step_reward(prompt_text, st, gold, **ctx)
                             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                                raise TypeError(f"step_reward returned {v!r} for step {i + 1}; it returns a finite number")
+                                raise TypeError(f"step_reward returned {v!r} for step {i + 1}; "
+                                                "it returns a finite number")
                             step_vals.append((rollout_id, i, float(v)))
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except RuleTimeout:
                 msg = f"timed out: scoring one rollout took over {call_s:g} s (an endless loop?)"
-                out.append((rollout_id, "total", None, msg)); errors.append((rollout_id, msg))
             except MemoryError:
                 msg = "MemoryError: the rule ran out of the worker's memory limit"
-                out.append((rollout_id, "total", None, msg)); errors.append((rollout_id, msg))
             except Exception as exc:  # user code raises anything
                 in_rule = any(f.filename == RULE_FILENAME for f in traceback.extract_tb(exc.__traceback__))
                 msg = _short_tb(exc) if in_rule else f"{type(exc).__name__}: {exc}"
-                out.append((rollout_id, "total", None, msg)); errors.append((rollout_id, msg))
             else:
                 out.extend((rollout_id, k, v, None) for k, v in parts.items())
                 steps_out.extend(step_vals)
+                continue
+            out.append((rollout_id, "total", None, msg))
+            errors.append((rollout_id, msg))
     finally:
         signal.signal(signal.SIGALRM, old)
     return out, steps_out, errors
