@@ -17,6 +17,7 @@ import torch  # noqa: E402
 
 from backends.trainer import completion_logps, entropy_threshold, policy_loss  # noqa: E402
 from sample_data import POLICY_DIR  # noqa: E402
+from studio.face.cli import minirun as minirun_cli  # noqa: E402
 from studio.runs import minirun  # noqa: E402
 from studio.runs.training import MiniRunConfig, TrainConfigError, evaluate_job, task_prompts  # noqa: E402
 from studio.store import Store  # noqa: E402
@@ -261,10 +262,10 @@ def test_overlapped_sampling_is_one_step_behind_and_on_policy_is_not(store):
 
 def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     db = str(tmp_path / "cli.duckdb")
-    assert minirun.main(["--db", db, "--group-size", "1"]) == 2
+    assert minirun_cli.main(["--db", db, "--group-size", "1"]) == 2
     assert "group size must be 2-64, got 1" in capsys.readouterr().out
-    assert minirun.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
-                         "--name", "from the cli"]) == 0
+    assert minirun_cli.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
+                             "--name", "from the cli"]) == 0
     out = capsys.readouterr().out
     assert "step 1/2: reward" in out and "step 2/2: reward" in out and ": done" in out
     s = Store.open(db)
