@@ -203,7 +203,7 @@ def test_bad_branch_requests_say_what_to_change_and_write_nothing(seeded_store):
 
 
 def test_branch_depth_is_bounded(seeded_store, monkeypatch):
-    monkeypatch.setattr(forks, "MAX_DEPTH", 1)
+    monkeypatch.setattr("studio.runs.branch.MAX_DEPTH", 1)
     rid, pos, _ = _middle_fork(seeded_store)
     res = branch_sync(seeded_store, rid, pos, [None], BranchConfig(n=1, seed=1))
     assert res.status == "done"
