@@ -270,7 +270,8 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
     from backends.trainer import backward, grad_norm, length_buckets, micro_batches
     from sample_data import POLICY_DIR
     from studio.rewards import DEFAULT_RULES
-    from studio.runs.training import MiniRunConfig, RewardFn, _advantages
+    from studio.runs.training import MiniRunConfig, RewardFn
+    from studio.runs.training.loop import _advantages
     from studio.tasks import get_task
 
     d = MiniRunConfig()

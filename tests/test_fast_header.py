@@ -400,8 +400,8 @@ def test_a_click_drawn_ahead_on_a_thread_is_what_the_views_draw_in_place(seeded_
     """A served click draws the token strip and the group's cards on a preload thread, keyed by the
     state values they show; the event loop then sets that HTML. It must be exactly what the views
     draw in place for the same state, and a value changed meanwhile (the channel) is drawn afresh."""
-    from widgets.group_view import GroupView
     from widgets.base.state import StudioState
+    from widgets.group_view import GroupView
     from widgets.token_strip import TokenStrip
 
     store = seeded_store

@@ -265,7 +265,7 @@ def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     assert minirun_cli.main(["--db", db, "--group-size", "1"]) == 2
     assert "group size must be 2-64, got 1" in capsys.readouterr().out
     assert minirun_cli.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
-                         "--name", "from the cli"]) == 0
+                             "--name", "from the cli"]) == 0
     out = capsys.readouterr().out
     assert "step 1/2: reward" in out and "step 2/2: reward" in out and ": done" in out
     s = Store.open(db)

@@ -163,7 +163,7 @@ def _init_worker(memory_mb: int) -> None:
     import resource
 
     from backends.device import yield_to_server
-    from studio.workers import _exit_with_parent
+    from studio.workers.pool import _exit_with_parent
 
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

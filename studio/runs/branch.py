@@ -108,7 +108,8 @@ class BranchResult:
 
 
 def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int | None],
-                config: BranchConfig = BranchConfig(), policy_path: str | Path | None = None) -> BranchPlan:
+                config: BranchConfig = BranchConfig(),  # noqa: B008  (never mutated: a change is a replace() copy)
+                policy_path: str | Path | None = None) -> BranchPlan:
     """Check a branch request against the store; raise :class:`BranchError` saying what is wrong.
 
     ``policy_path`` overrides the policy the rollout's run names (use it to attach a policy
@@ -149,7 +150,8 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     if config.max_new_tokens is None:
         try:
             run_cfg = json.loads(store.scalar("SELECT config FROM runs WHERE run_id = "
-                                              "(SELECT run_id FROM rollouts WHERE rollout_id = ?)", [rollout_id]) or "{}")
+                                              "(SELECT run_id FROM rollouts WHERE rollout_id = ?)",
+                                              [rollout_id]) or "{}")
         except (TypeError, ValueError):
             run_cfg = {}
         config = replace(config, max_new_tokens=max(int(run_cfg.get("max_new_tokens") or 48), len(toks)))
@@ -175,13 +177,15 @@ def branch_frames(plan: BranchPlan, run_id: str, gens: list, rule: Rule, version
     rollouts["fork_pos"] = plan.fork_pos
     per = plan.config.n
     rollouts["forced_token_id"] = pd.array([plan.choices[i // per] for i in range(len(gens))], dtype="Int64")
-    rewards = score_frame(rule, task, [(rid, prompt, g.text) for rid, g in zip(rollouts["rollout_id"], gens)])
+    items = [(rid, prompt, g.text) for rid, g in zip(rollouts["rollout_id"], gens, strict=False)]
+    rewards = score_frame(rule, task, items)
     return {"prompts": prompt_rows(task, [prompt]), "rule_versions": rule_version_frame(rule),
             "rollouts": rollouts, "tokens": tokens, "rewards": rewards}
 
 
 async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int | None],
-                 config: BranchConfig = BranchConfig(), policy_path: str | Path | None = None,
+                 config: BranchConfig = BranchConfig(),  # noqa: B008  (never mutated)
+                 policy_path: str | Path | None = None,
                  rule: Rule | None = None, executor: Executor | None = None,
                  cancel: threading.Event | None = None) -> BranchResult:
     """Branch ``rollout_id`` at ``fork_pos`` on every choice and store the scored tree nodes.
@@ -222,7 +226,8 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
             result.status = "done"
     except BrokenProcessPool:
         workers.reset_pool(executor)
-        result.status, result.error = "failed", "the sampling worker died (out of memory?); it will be restarted on the next request"
+        result.status, result.error = ("failed", "the sampling worker died (out of memory?); it will be restarted "
+                                                 "on the next request")
     except (PolicyLoadError, workers.TokenizerMismatch) as exc:
         result.status, result.error = "failed", str(exc)
     except Exception as exc:

@@ -27,7 +27,7 @@ def answer_text(task: str, gold: dict) -> str:
 
 
 async def information_gain(store: Store, policy_path: str | Path, rollout_ids: list[str],
-                           seg: Segmenter = Segmenter()) -> str:
+                           seg: Segmenter = Segmenter()) -> str:  # noqa: B008  (a frozen dataclass)
     """IGPO step rewards: IG_k = P(gold | prefix through step k) - P(gold | through k-1),
     with P(gold | prefix) teacher-forced by the policy itself: the probability that the
     policy writes the gold answer right after the prefix (and, after step k, the step's
@@ -60,7 +60,7 @@ async def information_gain(store: Store, policy_path: str | Path, rollout_ids: l
         i += len(prefixes)
         if rid in done:
             continue
-        for k, (a, b) in enumerate(zip(steps["start_pos"], steps["end_pos"])):
+        for k, (a, b) in enumerate(zip(steps["start_pos"], steps["end_pos"], strict=False)):
             out.append((rid, k, int(a), int(b), source, float(p[k + 1] - p[k])))
     if out:
         store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
@@ -87,7 +87,8 @@ def _todo(store: Store, table: str, col: str, key: str, rollout_ids: list[str]) 
     return [r for r in rollout_ids if r not in done]
 
 
-async def prm_steps(store: Store, prm_path: str | Path, rollout_ids: list[str], seg: Segmenter = Segmenter(),
+async def prm_steps(store: Store, prm_path: str | Path, rollout_ids: list[str],
+                    seg: Segmenter = Segmenter(),  # noqa: B008  (a frozen dataclass)
                     batch: int = 512) -> str:
     """Score every step of the rollouts with a process reward model: the PRM's P(step k is
     correct) on the prompt plus the completion through step k (``backends.process_models``),
@@ -106,8 +107,8 @@ async def prm_steps(store: Store, prm_path: str | Path, rollout_ids: list[str], 
                                     [[int(e) for e in st["char_end"]] for st in steps])
         scores, _ = await asyncio.wrap_future(fut)
         out = [(rid, k, int(a), int(b), source, float(v))
-               for rid, st, sc in zip(rows["rollout_id"], steps, scores)
-               for k, (a, b, v) in enumerate(zip(st["start_pos"], st["end_pos"], sc))]
+               for rid, st, sc in zip(rows["rollout_id"], steps, scores, strict=False)
+               for k, (a, b, v) in enumerate(zip(st["start_pos"], st["end_pos"], sc, strict=False))]
         if out:
             store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
                                                                      "source", "value"])})

@@ -5,8 +5,9 @@ Enriching runs a chosen policy over each stored prompt + completion in the worke
 (``workers.enrich_job``, teacher forcing) and fills in, per rollout:
 
 - no token rows at all: the completion is tokenized by the policy (with its end-of-sequence
-  token when the rollout's finish reason is ``stop``) and every token row is written (id, text, log-prob, entropy, top-k), with ``rollouts.n_tokens`` and
-  ``rollouts.enriched_by`` (the policy version) set;
+  token when the rollout's finish reason is ``stop``) and every token row is written (id,
+  text, log-prob, entropy, top-k), with ``rollouts.n_tokens`` and ``rollouts.enriched_by``
+  (the policy version) set;
 - token rows with ids: the ids are forced as they are, and only the NULL columns
   (log-prob, entropy, top-k) are filled, so a source's own log-probs are never replaced;
 - token rows with texts but no ids: filled only when the policy's tokenizer splits the
@@ -23,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -100,7 +101,8 @@ def _token_frame(rid: str, g) -> dict:
         "rollout_id": [rid] * n, "pos": np.arange(n, dtype=np.int32),
         "token_id": np.asarray(g.token_ids, np.int32), "token_text": list(g.token_texts),
         "logprob": g.logprobs.astype(np.float32), "entropy": g.entropies.astype(np.float32),
-        "topk_ids": [list(map(int, r)) for r in g.topk_ids], "topk_logprobs": [list(map(float, r)) for r in g.topk_logprobs],
+        "topk_ids": [list(map(int, r)) for r in g.topk_ids],
+        "topk_logprobs": [list(map(float, r)) for r in g.topk_logprobs],
     }
 
 
@@ -141,7 +143,7 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
     version = backend.version if backend is not None else workers.policy_version(str(folder))
     report = EnrichReport(policy_version=version)
     todo = needs_enrich(store, run_id, rollout_ids)
-    kinds = dict(zip(todo["rollout_id"], todo["missing"]))
+    kinds = dict(zip(todo["rollout_id"], todo["missing"], strict=False))
     ids = todo["rollout_id"].tolist()
     executor = executor or workers.pool()
     for lo in range(0, len(ids), batch):
@@ -161,7 +163,7 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
         fut = executor.submit(workers.enrich_job, str(folder), rows["prompt"].tolist(), completions, expect, stopped)
         gens, _, _ = await asyncio.wrap_future(fut)
         new, fill, enriched = [], [], []
-        for r, g in zip(rows.itertuples(index=False), gens):
+        for r, g in zip(rows.itertuples(index=False), gens, strict=False):
             kind = kinds[r.rollout_id]
             if isinstance(g, str):  # the worker could not score it (too long for the policy): say why
                 report.skipped.append((r.rollout_id, g))

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from concurrent.futures import Executor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from backends import PolicyLoadError
 from studio import workers
@@ -91,7 +91,7 @@ def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: l
            policy_version: str | None) -> tuple[int, list[str]]:
     """Score ``gens`` and write prompts, rollouts, tokens and rewards in one transaction."""
     rollouts, tokens = generation_rows(run_id, task, prompts, gens, policy_version)
-    items = [(rid, prompts[g.prompt_index], g.text) for rid, g in zip(rollouts["rollout_id"], gens)]
+    items = [(rid, prompts[g.prompt_index], g.text) for rid, g in zip(rollouts["rollout_id"], gens, strict=False)]
     rewards = score_frame(rule, task, items)
     store.write({"prompts": prompt_rows(task, prompts), "rule_versions": rule_version_frame(rule),
                  "rollouts": rollouts, "tokens": tokens, "rewards": rewards})
@@ -99,7 +99,7 @@ def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: l
 
 
 async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str],
-                   config: GenerateConfig = GenerateConfig(), task: str = "arithmetic",
+                   config: GenerateConfig = GenerateConfig(), task: str = "arithmetic",  # noqa: B008  (never mutated)
                    rule: Rule | None = None, executor: Executor | None = None,
                    on_progress: Callable[[int, int, str], None] | None = None,
                    cancel: threading.Event | None = None, chunk_prompts: int = 4,
@@ -146,7 +146,8 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
             result.status = "done"
     except BrokenProcessPool:
         workers.reset_pool(executor)
-        result.status, result.error = "failed", "the sampling worker died (out of memory?); it will be restarted on the next run"
+        result.status, result.error = ("failed", "the sampling worker died (out of memory?); it will be restarted "
+                                                 "on the next run")
     except PolicyLoadError as exc:
         result.status, result.error = "failed", str(exc)
     except Exception as exc:

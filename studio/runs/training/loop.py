@@ -1,0 +1,257 @@
+"""The training process of a mini-run: :func:`train_worker`, its step loop and checkpoints.
+
+:func:`train_worker` runs in its own process (``multiprocessing`` spawn context, started by
+:mod:`studio.runs.minirun`; CUDA when available, CPU otherwise): every step it samples groups
+with the current policy (or takes the batch the overlapped sampler drew,
+:mod:`studio.runs.training.sampler`), scores them with the reward
+(:mod:`studio.runs.training.reward`), computes advantages with the chosen estimator
+(:mod:`studio.signals.advantages`), takes μ optimiser steps on the clipped loss
+(:func:`backends.trainer.policy_loss`) and puts one message per step on a queue: the step's
+rollouts with their per-token statistics, rewards, the advantages actually used and the
+metrics. The owner writes each step in one transaction. Checkpoints (weights, tokenizer,
+optimiser and the step; :func:`save_checkpoint`) are saved every ``checkpoint_every`` steps
+and at the end; a run resumes from its last one.
+
+Nothing here opens the store. Torch is imported inside the functions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from studio.runs.training.config import MiniRunConfig
+from studio.runs.training.reward import RewardFn
+from studio.runs.training.sampler import OverlappedSampler
+from studio.signals import advantages as adv_mod
+from studio.workers.pool import _exit_with_parent
+
+
+def _picked(prompts: list, order: np.ndarray, step: int, per_step: int) -> list:
+    lo = (step - 1) * per_step
+    return [prompts[int(i)] for i in order[lo:lo + per_step]]
+
+
+def _advantages(key: str, rewards: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    r = np.nan_to_num(rewards, nan=0.0)  # a completion the rule failed on counts as reward 0
+    if key == "reinforce_pp":
+        return adv_mod.reinforce_pp(r, groups, np.zeros(len(r), dtype=int))
+    return {"grpo": adv_mod.grpo, "dr_grpo": adv_mod.dr_grpo, "rloo": adv_mod.rloo}[key](r, groups)
+
+
+def train_worker(cfg_dict: dict, policy_path: str, reward_spec: dict, prompts_json: list[dict], task_name: str,
+                 ckpt_dir: str, start_step: int, resume_from: str | None, queue, stop, parent_pid: int) -> None:
+    """The mini-run process: train ``cfg.steps`` steps from ``start_step`` and report each.
+
+    Messages on ``queue`` (dicts with ``type``): ``started`` (device, parameters), ``step``
+    (a :class:`backends.trainer.StepOutput` and its seconds), ``checkpoint`` (step, path),
+    ``done`` (``stopped`` or ``finished``), ``error`` (message). ``stop`` (an Event) ends
+    the run after the step in flight, with a checkpoint.
+    """
+    _exit_with_parent(parent=parent_pid)
+    try:
+        _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from,
+               queue, stop)
+    except BaseException as exc:  # everything the owner should be told, with its type
+        import traceback
+        queue.put({"type": "error", "message": f"{type(exc).__name__}: {exc}",
+                   "traceback": traceback.format_exc()[-2000:]})
+    finally:
+        from studio.rewards import sandbox
+        sandbox.kill_pools()  # a user rule's pool: its idle workers would hold this process at exit
+
+
+def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from, queue, stop):
+    import copy
+
+    import torch
+
+    from backends import load_policy
+    from studio.tasks import Prompt, get_task
+
+    cfg = MiniRunConfig.from_dict(cfg_dict)
+    from backends.device import cpu_threads, pick_device
+    if pick_device() == "cpu":
+        torch.set_num_threads(cpu_threads())  # one core stays with the owner writing each step
+    task = get_task(task_name)
+    prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(resume_from or policy_path)
+    model, tok = policy.model, policy.tokenizer
+    device = policy.device
+    ref = copy.deepcopy(load_policy(policy_path).model).eval() if cfg.kl_beta > 0 else None
+    if ref is not None:
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, target_modules="all-linear",
+                                                 lora_dropout=0.0))
+        policy.model = model
+    model.eval()  # no dropout: π_old and π agree exactly before the first update (TRL's disable_dropout)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    if resume_from and (Path(resume_from) / "optimizer.pt").is_file():
+        opt.load_state_dict(torch.load(Path(resume_from) / "optimizer.pt", map_location=device))
+    reward_fn = RewardFn(reward_spec, task)
+    queue.put({"type": "started", "device": device, "parameters": sum(p.numel() for p in params)})
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rng = np.random.default_rng(cfg.seed)
+    order = [rng.permutation(len(prompts))
+             for _ in range((cfg.steps * cfg.prompts_per_step) // max(1, len(prompts)) + 2)]
+    order = np.concatenate(order)
+    last_ckpt = start_step - 1
+    step = start_step
+    overlap = cfg.overlap and not cfg.lora and device == "cpu" and (os.cpu_count() or 1) >= 2
+    sampler = None
+    if overlap:
+        torch.set_num_threads(max(1, cpu_threads() // 2))  # the threads left to models, split with the sampler
+        sampler = OverlappedSampler(model, resume_from or policy_path, cfg, prompts_json, order, start_step)
+    try:
+        step, last_ckpt = _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn,
+                                 task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
+    finally:
+        if sampler is not None:
+            sampler.close()  # before the run is reported ended: nothing of it runs on after
+    if step is None:  # stopped
+        queue.put({"type": "done", "status": "stopped", "step": last_ckpt})
+        return
+    if last_ckpt != step:
+        queue.put({"type": "checkpoint", "step": step, "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
+    queue.put({"type": "done", "status": "done", "step": step})
+
+
+def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn, task, pad, device,
+           sampler, queue, stop, ckpt_dir, last_ckpt):
+    """The training loop; returns (last step, last checkpoint), or (None, …) when stopped."""
+    import torch
+
+    from backends.trainer import (
+        StepOutput,
+        backward,
+        completion_logps,
+        entropy_threshold,
+        grad_norm,
+        length_buckets,
+        micro_batches,
+    )
+
+    step = start_step
+    for step in range(start_step, cfg.steps + 1):
+        t0 = time.perf_counter()
+        picked = _picked(prompts, order, step, cfg.prompts_per_step)
+        if sampler is None:
+            gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
+            p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
+            t_sample, lag = time.perf_counter() - t0, 0
+        else:  # sampled while the last step trained (sample_s: the sampler's own time, overlapped)
+            gens, p_ids, t_sample, lag = sampler.next_batch(step)
+        rewards, step_rewards, reward_errors = reward_fn([picked[g.prompt_index] for g in gens], [g.text for g in gens])
+        total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards], dtype=np.float64)
+        groups = np.array([g.prompt_index for g in gens])
+        adv = _advantages(cfg.estimator, total, groups)
+        thr = entropy_threshold([g.entropies for g in gens], cfg.entropy_q)
+        emasks = [np.ones(g.n_tokens, np.float32) if thr is None else (g.entropies >= thr).astype(np.float32)
+                  for g in gens]
+        c_ids = [g.token_ids.tolist() for g in gens]
+        C = max(1, max(len(c) for c in c_ids))
+        em = torch.zeros(len(gens), C, device=device)
+        for b, m in enumerate(emasks):
+            em[b, :len(m)] = torch.from_numpy(m)
+        a = torch.tensor(adv, dtype=torch.float32, device=device)
+        # on a CPU, micro-batches of similar lengths (padding costs compute there); one batch on a GPU
+        buckets = (length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids, strict=False)]) if device == "cpu"
+                   else [np.arange(len(gens))])
+        batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None)
+        with torch.no_grad():
+            for mb, idx in zip(batches, buckets, strict=False):
+                if lag:  # π_old is the policy that sampled: its recorded log-probs (the ratio corrects the lag)
+                    mb.old_logps = torch.zeros(len(idx), mb.entropy_mask.shape[1] if mb.entropy_mask is not None
+                                               else max(1, max(map(len, mb.completion_ids))), device=device)
+                    for r, i in enumerate(idx):
+                        mb.old_logps[r, :gens[i].n_tokens] = torch.from_numpy(gens[i].logprobs)
+                elif cfg.iterations > 1:  # on-policy: π_old is this policy before the updates
+                    mb.old_logps = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad)[0]
+                # else: one update on-policy, π_old is the forward pass itself, detached (as TRL)
+                if ref is not None:
+                    mb.ref_logps = completion_logps(ref, mb.prompt_ids, mb.completion_ids, pad)[0]
+        stats_all, gnorm = [], 0.0
+        for _ in range(cfg.iterations):
+            opt.zero_grad(set_to_none=True)
+            loss, stats = backward(model, batches, pad, eps_low=cfg.clip_eps, beta=cfg.kl_beta,
+                                   loss_type=cfg.loss_type, max_completion_length=cfg.max_new_tokens)
+            gnorm = grad_norm(model)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            stats_all.append(stats | {"loss": loss})
+        if sampler is not None:
+            sampler.publish(model, step)
+        n_tok = float(sum(len(c) for c in c_ids))
+        equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
+        comps = sorted({k for r in rewards for k in r})
+        metrics = {
+            "reward_mean": float(np.nanmean(total)) if np.isfinite(total).any() else float("nan"),
+            "reward_std": float(np.nanstd(total)) if np.isfinite(total).any() else float("nan"),
+            "entropy": float(np.concatenate([g.entropies for g in gens]).mean()) if n_tok else 0.0,  # the sampler's
+            "kl": stats_all[-1]["kl"], "clip_frac": float(np.mean([s["clip_frac"] for s in stats_all])),
+            "loss": float(np.mean([s["loss"] for s in stats_all])), "grad_norm": gnorm,
+            "completion_len": float(np.mean([g.n_tokens for g in gens])),
+            "all_equal_share": len(equal) / max(1, len(set(groups.tolist()))),
+            "entropy_threshold": float("nan") if thr is None else thr,
+            "sample_s": t_sample, "staleness": float(lag), "step_s": time.perf_counter() - t0,
+        }
+        for c in comps:
+            if c != "total":
+                vals = np.array([np.nan if r.get(c) is None else r[c] for r in rewards], dtype=np.float64)
+                metrics[f"reward/{c}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+                metrics[f"reward_std/{c}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+        if "accuracy" in comps:
+            metrics["accuracy"] = metrics["reward/accuracy"]
+        else:  # a reward without an accuracy component (a reward model, a user rule): the task's own check
+            metrics["accuracy"] = float(np.mean([
+                task.is_correct(picked[g.prompt_index], task.parse_completion(picked[g.prompt_index], g.text).answer)
+                for g in gens]))
+        out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
+                         prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
+                         token_weights=[float(x) * m for x, m in zip(adv, emasks, strict=False)], metrics=metrics,
+                         reward_errors=reward_errors)
+        queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
+                   "prompts_gold": [p.gold for p in picked]})
+        stopping = stop.is_set()
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or stopping:
+            queue.put({"type": "checkpoint", "step": step,
+                       "path": save_checkpoint(model, tok, opt, ckpt_dir, step, cfg)})
+            last_ckpt = step
+        if stopping:
+            return None, last_ckpt
+    return step, last_ckpt
+
+
+def save_checkpoint(model, tok, opt, ckpt_dir: str, step: int, cfg: MiniRunConfig) -> str:
+    """``<ckpt_dir>/step-<k>``: a full policy folder (LoRA merged into a copy), the
+    optimiser state and the step, written to a temporary folder and renamed, so a kill
+    mid-save never leaves a half checkpoint."""
+    import shutil
+
+    import torch
+
+    final = Path(ckpt_dir) / f"step-{step:05d}"
+    tmp = Path(ckpt_dir) / f".step-{step:05d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    to_save = model
+    if cfg.lora:
+        import copy
+        to_save = copy.deepcopy(model).merge_and_unload()
+    to_save.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if not cfg.lora:  # LoRA runs resume from the merged weights with a fresh adapter and optimiser
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "config": cfg.to_dict()}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return str(final)

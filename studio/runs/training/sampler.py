@@ -1,0 +1,127 @@
+"""Overlapped sampling: the next batch is sampled in a second process while this one trains.
+
+:func:`sampler_worker` runs in that process; :class:`OverlappedSampler` is the trainer's side.
+Weights pass through two shared-memory buffers (one per parity of the step that made them),
+so batch ``b`` is always sampled with the weights after step ``b - 2`` whatever the timing:
+one step off-policy, which the clipped ratio corrects (the sampler's log-probs are π_old), as
+in PipelineRL and AReaL. The sampler's death reads as end-of-file on the pipe, never a hang.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from studio.runs.training.config import MiniRunConfig
+from studio.workers.pool import _exit_with_parent
+
+
+def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
+                   order: np.ndarray, first: int, out, stop, parent_pid: int) -> None:
+    """The overlapped sampler: batch ``b`` is sampled with the weights after step ``b - 2``
+    (read from ``buffers[(b - 2) % 2]`` once ``published`` reaches that step), so it runs
+    while the trainer takes step ``b - 1``, and which weights sampled which batch does not
+    depend on timing. Sends ``(b, generations, prompt ids, seconds, lag)`` on the pipe end
+    ``out`` (a send blocks until the trainer reads: at most one batch ahead), or
+    ``("error", message)``."""
+    import torch
+
+    from backends import load_policy
+    from backends.device import cpu_threads
+
+    _exit_with_parent(parent=parent_pid)
+    try:
+        torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
+        cfg = MiniRunConfig.from_dict(cfg_dict)
+        policy = load_policy(folder)
+        tok, model = policy.tokenizer, policy.model
+        texts = [p["text"] for p in prompts_json]
+        for b in range(first, cfg.steps + 1):
+            v = max(first - 1, b - 2)
+            while published.value < v:
+                if stop.is_set():
+                    return
+                time.sleep(0.001)
+            if stop.is_set():
+                return
+            with torch.no_grad():
+                for name, t in model.state_dict().items():
+                    t.copy_(buffers[v % 2][name])
+            t0 = time.perf_counter()
+            picked = [texts[int(i)] for i in order[(b - 1) * cfg.prompts_per_step:b * cfg.prompts_per_step]]
+            gens = policy.sample(picked, n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + b, top_k_stats=5)
+            p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
+            if stop.is_set():
+                return
+            out.send((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))  # blocks until the trainer reads
+    except (BrokenPipeError, EOFError):  # the trainer is gone
+        return
+    except BaseException as exc:  # the trainer reports it as the run's error
+        try:
+            out.send(("error", f"the sampling process failed: {type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+
+
+class OverlappedSampler:
+    """The trainer's side of :func:`sampler_worker`: ``publish`` after each optimiser step,
+    ``next_batch`` for the step's generations, ``close`` at the end."""
+
+    def __init__(self, model, folder: str, cfg: MiniRunConfig, prompts_json: list[dict], order: np.ndarray,
+                 first: int):
+        import torch.multiprocessing as tmp
+
+        ctx = tmp.get_context("spawn")
+        sd = model.state_dict()
+        self.buffers = [{k: v.detach().clone().share_memory_() for k, v in sd.items()} for _ in range(2)]
+        self.published = ctx.Value("i", first - 2, lock=False)
+        self.inbox, out = ctx.Pipe(duplex=False)
+        self.stop = ctx.Event()
+        self.publish(model, first - 1)
+        self.proc = ctx.Process(target=sampler_worker, daemon=True, name="minirun-sampler", args=(
+            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, out, self.stop,
+            os.getpid()))
+        self.proc.start()
+        out.close()  # only the sampler holds the write end: its death reads as end-of-file, never as a hang
+
+    def publish(self, model, step: int) -> None:
+        """Make the weights after ``step`` available to the sampler."""
+        import torch
+
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                self.buffers[step % 2][name].copy_(t)
+        self.published.value = step
+
+    def next_batch(self, step: int):
+        while True:
+            try:
+                if not self.inbox.poll(1.0):
+                    if not self.proc.is_alive():
+                        raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode})")
+                    continue
+                msg = self.inbox.recv()
+            except EOFError:
+                self.proc.join(timeout=5)
+                raise RuntimeError(f"the sampling process ended (exit code {self.proc.exitcode}) while sending "
+                                   f"the batch of step {step}") from None
+            if msg[0] == "error":
+                raise RuntimeError(msg[1])
+            if msg[0] != step:
+                raise RuntimeError(f"the sampler sent batch {msg[0]} for step {step}")
+            return msg[1:]
+
+    def close(self) -> None:
+        self.stop.set()
+        try:  # take a batch the sampler may be blocked sending, so it can see the stop
+            while self.inbox.poll(0.2):
+                self.inbox.recv()
+        except (EOFError, OSError):
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.inbox.close()

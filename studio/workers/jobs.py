@@ -1,0 +1,177 @@
+"""The jobs the worker pool runs (:func:`studio.workers.pool.pool`): sample, branch, score,
+enrich, answer probabilities, process rewards, values, warm-up.
+
+Each job loads its model inside the worker (cached there by ``backends.load_policy``), and
+returns plain records and the version of the weights that made them; jobs never touch the
+store: the owner writes what they return. A job refuses (:class:`TokenizerMismatch`) when
+the model would read stored token ids as another text. Jobs are submitted to a
+``ProcessPoolExecutor`` by reference, so each stays a module-level function of this module.
+"""
+from __future__ import annotations
+
+from studio.errors import StudioError
+
+
+class TokenizerMismatch(StudioError, ValueError):
+    """A policy's tokenizer does not read a stored rollout's token ids as the rollout's text."""
+
+
+def policy_version(path: str) -> str:
+    """``<folder>@<hash of its weights>`` (see ``backends.types.weights_version``); for a
+    backend URL what the backend says (``backends.remote.BackendInfo.version``:
+    ``<url>#<folder>@<hash>``, or ``<url>#<model>@entropy-est-top20`` from a plain server)."""
+    from backends.types import is_policy_url, weights_version
+
+    if is_policy_url(path):
+        from backends.remote import load_remote
+
+        return load_remote(path).version
+    return weights_version(path)
+
+
+def sample_job(policy_path: str, prompts: list[str], kwargs: dict) -> tuple[list, str, str]:
+    """Runs in a worker: sample completions. Returns (generations, policy_version, device)."""
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    return policy.sample(prompts, **kwargs), policy_version(str(policy.path)), policy.device
+
+
+def branch_job(policy_path: str, prompt: str, prefix_ids: list[int], prefix_text: str,
+               choices: list[int | None], kwargs: dict) -> tuple[list, str, str]:
+    """Runs in a worker: continue a rollout from a fork (see ``backends.branch_batch``).
+
+    ``prefix_text`` is what the stored tokens before the fork read as; a policy whose
+    tokenizer decodes ``prefix_ids`` to something else has a different vocabulary, and its
+    branches would continue a different text, so the job refuses.
+    """
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    decoded = policy.tokenizer.decode(prefix_ids, skip_special_tokens=False)
+    if decoded != prefix_text:
+        raise TokenizerMismatch(
+            f"the policy in {policy_path} reads this rollout's token ids as {decoded[:60]!r}, but the "
+            f"rollout says {prefix_text[:60]!r}: its tokenizer is not the one that made the rollout")
+    return policy.branch(prompt, prefix_ids, choices, **kwargs), policy_version(str(policy.path)), policy.device
+
+
+def score_job(policy_path: str, prompts: list[str], completions: list[list[int]]) -> tuple[list, str, str]:
+    """Runs in a worker: teacher-forced statistics of stored completions under a policy."""
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    return policy.score(prompts, completions), policy_version(str(policy.path)), policy.device
+
+
+def enrich_job(policy_path: str, prompts: list[str], completions: list[str | list[int]],
+               expect: list[int | None], stopped: list[bool]) -> tuple[list, str, str]:
+    """Runs in a worker: teacher-forced statistics of imported completions (``studio.runs.enrich``);
+    one ``Generation`` per rollout, or the reason it cannot be scored (longer than the policy's
+    context) as a string.
+
+    A text completion gets the end-of-sequence token appended when it ``stopped`` (its
+    finish reason is stop), or when its source counted ``expect`` tokens, one more than the
+    policy's tokenization: the stop token is sampled, but the text does not show it.
+    """
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    tok = policy.tokenizer
+    limit = context_length(policy)
+    forced: list[list[int]] = []
+    too_long: dict[int, str] = {}
+    for i, (p, c, n, stop) in enumerate(zip(prompts, completions, expect, stopped, strict=False)):
+        if isinstance(c, str):
+            ids = tok(c, add_special_tokens=False)["input_ids"]
+            if tok.eos_token_id is not None and (stop or (n is not None and len(ids) + 1 == n)):
+                ids = ids + [tok.eos_token_id]
+            c = ids
+        if limit is not None:
+            total = len(tok(p)["input_ids"]) + len(c)
+            if total > limit:
+                too_long[i] = (f"prompt and completion are {total} tokens for this policy, which reads at most "
+                               f"{limit}: it cannot score this rollout")
+                continue
+        forced.append(c)
+    keep = [p for i, p in enumerate(prompts) if i not in too_long]
+    scored = iter(policy.score(keep, forced) if forced else [])
+    out = [too_long[i] if i in too_long else next(scored) for i in range(len(prompts))]
+    return out, policy_version(str(policy.path)), policy.device
+
+
+def context_length(policy) -> int | None:
+    """The longest sequence (prompt + completion) a policy reads: its config's positions
+    (a local folder) or what a backend reports (``max_model_len``); None when unknown."""
+    if callable(getattr(policy, "info", None)):  # a backend (backends.remote.RemotePolicy)
+        return policy.info().max_model_len
+    cfg = getattr(getattr(policy, "model", None), "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and 0 < value < 10_000_000:
+            return value
+    return None
+
+
+def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], answers: list[str],
+                    batch_size: int = 32) -> tuple[list[float], str]:
+    """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.
+
+    The prefix and the answer are tokenized apart (the answer's ids follow the prefix's),
+    so the probability is of exactly the answer's tokens: exp(Σ their log-probs).
+    """
+    import math
+
+    from backends import load_policy
+
+    policy = load_policy(policy_path)
+    tok = policy.tokenizer
+    ids, n_ans = [], []
+    for pre, ans in zip(prefixes, answers, strict=False):
+        a = tok(ans, add_special_tokens=False)["input_ids"]
+        ids.append(tok(pre, add_special_tokens=False)["input_ids"] + a)
+        n_ans.append(len(a))
+    gens = policy.score(prompts, ids, top_k_stats=1, batch_size=batch_size)
+    probs = [math.exp(float(g.logprobs[len(g.logprobs) - n:].sum())) if n else 1.0
+             for g, n in zip(gens, n_ans, strict=False)]
+    return probs, policy_version(str(policy.path))
+
+
+def prm_job(folder: str, prompts: list[str], completions: list[str], step_ends: list[list[int]]
+            ) -> tuple[list[list[float]], str]:
+    """Runs in a worker: a process reward model's P(step correct) for every step (see
+    ``backends.process_models.prm_step_scores``), and the PRM's version."""
+    from backends.process_models import prm_step_scores, prm_version
+
+    return prm_step_scores(folder, prompts, completions, step_ends), prm_version(folder)
+
+
+def value_job(folder: str, prompts: list[str], completion_ids: list[list[int]], completion_texts: list[str]
+              ) -> tuple[list[list[float]], str]:
+    """Runs in a worker: a value model's V(s_t) for every completion token (see
+    ``backends.process_models.value_scores``), and the value model's version.
+
+    A critic reads the policy's token ids, so its tokenizer must read every stored
+    completion's ids as the stored text; otherwise the job refuses (values of other tokens
+    would be meaningless).
+    """
+    from backends.process_models import load_value_model, value_model_version
+
+    model = load_value_model(folder)
+    tok = model.tokenizer
+    for ids, text in zip(completion_ids, completion_texts, strict=False):
+        decoded = tok.decode(ids, skip_special_tokens=True)  # a rollout's text leaves out <eos>
+        if decoded != text:
+            raise TokenizerMismatch(
+                f"the value model in {folder} reads a rollout's token ids as {decoded[:60]!r}, but the rollout "
+                f"says {text[:60]!r}: a critic must share the policy's tokenizer")
+    prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    return model.values(prompt_ids, completion_ids), value_model_version(folder)
+
+
+def warm_job(policy_path: str) -> str:
+    """Runs in a worker: load the policy now, so the first real job does not pay for it."""
+    from backends import load_policy
+
+    return load_policy(policy_path).device
+

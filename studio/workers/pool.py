@@ -1,0 +1,99 @@
+"""The worker pool: one spawn-context process pool per owner process, started on first use.
+
+Heavy work (sampling, teacher forcing, reward and value models) runs in its worker, never
+in the owner: the owner submits a job of :mod:`studio.workers.jobs` and writes what it
+returns. Models are cached inside the worker (``backends.load_policy``), so a second job
+on the same policy reuses the loaded weights; :func:`warm` loads one ahead of the first
+click. A worker ends with its owner (:func:`_exit_with_parent`), and a pool whose worker
+died is dropped and started again (:func:`reset_pool`).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from studio.workers.jobs import warm_job
+
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+_warmed: set[str] = set()  # policies the pool's worker has loaded (or is loading)
+
+
+def _init_worker() -> None:
+    import signal
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from backends.device import cpu_threads, yield_to_server
+
+    torch.set_num_threads(cpu_threads())  # one core stays with the server
+    yield_to_server()  # and the server goes first when the cores are contended
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle, not a traceback per worker
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in a notebook cell or a CLI's output
+    _exit_with_parent()
+
+
+def _exit_with_parent(poll_s: float = 1.0, parent: int | None = None) -> None:
+    """End this worker when its owner process is gone (killed by a signal, it cannot shut
+    the pool down, and the worker would otherwise live on holding a model in memory).
+
+    ``parent`` is the owner's pid when the caller knows it (a process given its owner's pid
+    at start); by default this process's parent now."""
+    import os
+    import time
+
+    parent = os.getppid() if parent is None else parent
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def pool() -> ProcessPoolExecutor:
+    """The shared worker pool, started on first use."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_worker)
+        return _pool
+
+
+def reset_pool(broken: ProcessPoolExecutor | None = None) -> None:
+    """Drop the pool ``broken`` (a worker died); the next :func:`pool` starts a new one.
+
+    Only that pool is dropped: another session may already have replaced it with a healthy
+    one, whose queued work must not be cancelled.
+    """
+    global _pool
+    with _lock:
+        if _pool is not None and (broken is None or _pool is broken):
+            _pool.shutdown(wait=False, cancel_futures=True)
+            _pool = None
+            _warmed.clear()
+
+
+def warm(policy: str | Path | None) -> None:
+    """Start the worker and load ``policy`` in the background (once per policy per process),
+    so the first branch or sample request does not wait for the process and the weights."""
+    from backends.types import is_policy_url
+    from studio.workers.vocab import resolve_policy
+
+    if not policy or is_policy_url(policy):
+        return  # nothing to load here for a backend URL: the backend loads on its own
+    folder = resolve_policy(policy)
+    if folder is None or not (folder / "config.json").is_file():
+        return
+    key = str(folder.resolve())
+    with _lock:
+        if key in _warmed:
+            return
+        _warmed.add(key)
+    pool().submit(warm_job, key)
