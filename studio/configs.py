@@ -24,14 +24,15 @@ from typing import Any
 
 
 def setting(default: Any, help: str, lo: float | None = None, hi: float | None = None,  # noqa: A002
-            choices: tuple | None = None, *, flag: str | None = None) -> Any:
+            choices: tuple | None = None, *, flag: str | None = None, label: str | None = None) -> Any:
     """A dataclass field with its help line, bounds (inclusive; None: unbounded) and choices.
 
-    ``flag`` names the command-line option when it is not ``--<field-name>``. Mutable defaults
+    ``flag`` names the command-line option when it is not ``--<field-name>``; ``label`` names the
+    setting in messages when its field name does not read well there. Mutable defaults
     (lists, dicts) are not settings; tuples are.
     """
     meta = {"help": help, "bounds": (lo, hi) if lo is not None or hi is not None else None,
-            "choices": tuple(choices) if choices else None, "flag": flag}
+            "choices": tuple(choices) if choices else None, "flag": flag, "label": label}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -47,22 +48,30 @@ class Setting:
     bounds: tuple[float | None, float | None] | None
     choices: tuple | None
     flag: str
+    label: str  # how messages name it
 
     def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not allowed here, or None."""
+        """Why ``value`` is not allowed here (``"group size must be 1-64, got 0"``), or None."""
         if value is None:
-            return None if self.optional else f"{self.name} is required"
+            return None if self.optional else f"{self.label} is required"
         if self.choices is not None and value not in self.choices:
-            return f"{self.name} must be one of {', '.join(map(str, self.choices))} (got {value!r})"
+            return f"{self.label} must be one of {', '.join(map(str, self.choices))}, got {value!r}"
         if self.bounds is not None and self.kind in (int, float):
             lo, hi = self.bounds
-            if (lo is not None and value < lo) or (hi is not None and value > hi):
-                return f"{self.name} must be in [{_num(lo)}, {_num(hi)}] (got {value:g})"
+            if lo is not None and hi is not None and not lo <= value <= hi:
+                return f"{self.label} must be {_num(lo)}-{_num(hi)}, got {value}"
+            if lo is not None and hi is None and value < lo:
+                return f"{self.label} must be at least {_num(lo)}, got {value}"
+            if hi is not None and lo is None and value > hi:
+                return f"{self.label} must be at most {_num(hi)}, got {value}"
         return None
 
 
 def _num(x: float | None) -> str:
-    return "…" if x is None else f"{x:g}"
+    """A bound as a person writes it: 64, 0.01, 1e-07."""
+    if x is None:
+        return "…"
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def _kind(tp: Any) -> tuple[type, bool]:
@@ -88,7 +97,8 @@ def settings_of(cls: type) -> list[Setting]:
         meta = f.metadata
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         out.append(Setting(f.name, kind, optional, default, meta.get("help", ""), meta.get("bounds"),
-                           meta.get("choices"), meta.get("flag") or "--" + f.name.replace("_", "-")))
+                           meta.get("choices"), meta.get("flag") or "--" + f.name.replace("_", "-"),
+                           meta.get("label") or f.name.replace("_", " ")))
     return out
 
 

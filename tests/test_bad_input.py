@@ -10,14 +10,16 @@ from hypothesis import strategies as st
 
 from sample_data import POLICY_DIR
 from studio import queries
+from studio.configs import settings_of
 from studio.face import serve
 from studio.rewards import ARITHMETIC_V1
-from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate_sync
+from studio.runs.generation import ConfigError, GenerateConfig, generate_sync
 from studio.store import Store, StoreError
 from studio.tasks import TaskParseError, get_task
 from tests.fixtures import open_store
 
 task = get_task("arithmetic")
+BOUNDS = {s.name: s.bounds for s in settings_of(GenerateConfig) if s.bounds}  # what the form and CLI enforce
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

@@ -31,8 +31,8 @@ def test_settings_read_types_bounds_choices_and_flags():
 def test_problems_name_every_bad_setting():
     assert problems(Demo()) == []
     bad = problems(Demo(n=0, temperature=9.0, estimator="ppo", margin=-1.0))
-    assert bad == ["n must be in [1, 64] (got 0)", "temperature must be in [0, 5] (got 9)",
-                   "margin must be in [0, …] (got -1)", "estimator must be one of grpo, rloo (got 'ppo')"]
+    assert bad == ["n must be 1-64, got 0", "temperature must be 0-5, got 9.0",
+                   "margin must be at least 0, got -1.0", "estimator must be one of grpo, rloo, got 'ppo'"]
 
 
 def test_command_line_round_trip():

@@ -262,6 +262,9 @@ def test_overlapped_sampling_is_one_step_behind_and_on_policy_is_not(store):
 
 def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     db = str(tmp_path / "cli.duckdb")
+    assert minirun_cli.main(["--db", db]) == 2  # like every command, it refuses a store that is not there
+    assert "no studio store at" in capsys.readouterr().err and not os.path.exists(db)
+    Store.open(db).close()
     assert minirun_cli.main(["--db", db, "--group-size", "1"]) == 2
     assert "group size must be 2-64, got 1" in capsys.readouterr().out
     assert minirun_cli.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",

@@ -20,9 +20,10 @@ import param
 from studio import queries, workers
 from studio.queries import forks, lookups
 from studio.rewards import rules
-from studio.runs.branch import BRANCH_BOUNDS, BranchConfig, BranchError, NoPolicyError, branch
+from studio.runs.branch import BranchConfig, BranchError, NoPolicyError, branch
 from studio.store import StoreError
 from studio.workers.vocab import decode_ids, policy_label
+from widgets.forms import parameter
 
 from .base.clickable import ClickableHTML
 from .base.jobs import Job, start
@@ -148,10 +149,8 @@ class ForkPanel(pn.viewable.Viewer):
 
     state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
     choices = param.ListSelector(default=[], objects=[], doc="Alternatives to force at the fork.")
-    n = param.Integer(default=4, bounds=tuple(int(b) for b in BRANCH_BOUNDS["n"]),
-                      doc="Completions per chosen alternative.")
-    temperature = param.Number(default=1.0, bounds=BRANCH_BOUNDS["temperature"], step=0.1,
-                               doc="Sampling temperature of the continuations.")
+    n = parameter(BranchConfig, "n")
+    temperature = parameter(BranchConfig, "temperature", step=0.1)
     running = param.Boolean(default=False, doc="A branch request is in flight.")
 
     def __init__(self, can_run: bool = True, **params):
@@ -184,7 +183,7 @@ class ForkPanel(pn.viewable.Viewer):
         self._tree.on_click(self._on_tree_click)
         if can_run:
             form = pn.Row(
-                pn.widgets.IntInput.from_param(self.param.n, name=f"N per choice (1-{int(BRANCH_BOUNDS['n'][1])})",
+                pn.widgets.IntInput.from_param(self.param.n, name=f"N per choice (1-{self.param.n.bounds[1]})",
                                                width=120, css_classes=["branch-n"]),
                 pn.widgets.FloatInput.from_param(self.param.temperature, name="Temperature", width=100),
                 pn.Column(pn.Spacer(height=18), pn.Row(self._go, self._stop)),

@@ -5,8 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import panel as pn
+import param
 
 from studio.configs import Setting, settings_of
+
+
+def parameter(cls: type, name: str, **params: Any) -> param.Parameter:
+    """A class-level ``param`` parameter bound to one setting of ``cls``: its default, bounds,
+    choices and help (``doc``) are the setting's (a Panel viewer's form then uses ``from_param``)."""
+    s = next(x for x in settings_of(cls) if x.name == name)
+    kw = {"default": s.default, "doc": s.help, "allow_None": s.optional} | params
+    if s.kind is bool:
+        return param.Boolean(**kw)
+    if s.choices is not None:
+        return param.Selector(objects=list(s.choices), **kw)
+    if s.kind in (int, float):
+        bounds = tuple(None if b is None else s.kind(b) for b in s.bounds) if s.bounds else None
+        return (param.Integer if s.kind is int else param.Number)(bounds=bounds, **kw)
+    return param.String(**kw)
 
 
 def widget_for(s: Setting, value: Any = None, *, label: str | None = None, **params: Any) -> pn.widgets.Widget:

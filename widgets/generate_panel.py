@@ -18,12 +18,13 @@ import param
 
 from studio import queries
 from studio.rewards import rules
-from studio.runs.generation import BOUNDS, ConfigError, GenerateConfig, generate
+from studio.runs.generation import ConfigError, GenerateConfig, generate
 from studio.runs.registry import local_device, note_local_device
 from studio.store import StoreError
 from studio.tasks import TaskParseError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
 from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
+from widgets.forms import parameter
 
 from .base.jobs import Job, failure, served
 from .base.state import StudioState
@@ -153,18 +154,13 @@ class GeneratePanel(pn.viewable.Viewer):
     typed = param.String(default="", doc="Prompts typed in, one per line (e.g. 'Q: 23+48-7=').")
     fresh = param.Integer(default=0, bounds=(0, 256), doc="New prompts drawn from the task's generator (seeded).")
     difficulty = param.Selector(default="medium", objects=list(DIFFICULTIES), doc="Difficulty of the new prompts.")
-    # defaults and bounds come from GenerateConfig / BOUNDS: one source of truth
-    group_size = param.Integer(default=GenerateConfig.group_size, bounds=BOUNDS["group_size"],
-                               doc="Completions per prompt: one GRPO group.")
-    temperature = param.Number(default=GenerateConfig.temperature, bounds=BOUNDS["temperature"], step=0.05,
-                               doc="Sampling temperature; 0 is greedy.")
-    top_p = param.Number(default=GenerateConfig.top_p, bounds=BOUNDS["top_p"], step=0.05,
-                         doc="Nucleus sampling mass; 1 samples the full distribution.")
-    max_new_tokens = param.Integer(default=GenerateConfig.max_new_tokens, bounds=BOUNDS["max_new_tokens"],
-                                   doc="Longest completion, in tokens.")
-    seed = param.Integer(default=GenerateConfig.seed, doc="Sampler seed: same seed, prompts and policy, same rollouts.")
-    top_k_stats = param.Integer(default=GenerateConfig.top_k_stats, bounds=BOUNDS["top_k_stats"],
-                                doc="Alternatives recorded per token (hover card).")
+    # defaults, bounds and help are GenerateConfig's fields (studio.configs): one source of truth
+    group_size = parameter(GenerateConfig, "group_size")
+    temperature = parameter(GenerateConfig, "temperature", step=0.05)
+    top_p = parameter(GenerateConfig, "top_p", step=0.05)
+    max_new_tokens = parameter(GenerateConfig, "max_new_tokens")
+    seed = parameter(GenerateConfig, "seed")
+    top_k_stats = parameter(GenerateConfig, "top_k_stats")
     running = param.Boolean(default=False, doc="Whether a Generate run is in progress.")
 
     def __init__(self, **params):

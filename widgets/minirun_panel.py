@@ -9,18 +9,19 @@ reader thread, never by a view.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import fields
 
 import pandas as pd
 import panel as pn
 import param
 
 from sample_data import EARLY_POLICY_DIR, POLICY_DIR
+from studio.configs import settings_of
 from studio.queries import lookups
 from studio.runs import minirun
 from studio.runs.minirun import CURVES
 from studio.runs.registry import known_policies
 from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
+from widgets.forms import widget_for
 
 from .base.jobs import Job, failure
 from .base.lazy import LazyView
@@ -92,27 +93,12 @@ class MiniRunPanel(LazyView):
         self._run_ids: dict[str, str] = {}
         self._seen: tuple = ()
         self._inputs: dict[str, pn.widgets.Widget] = {}
-        defaults = MiniRunConfig()
-        for f in fields(MiniRunConfig):
-            v, meta = getattr(defaults, f.name), f.metadata
-            label = f.name.replace("_", " ")
-            kw = dict(name=label, width=150, description=meta["help"], disabled=not can_run)
-            if meta["choices"]:
-                w = pn.widgets.Select(options=list(meta["choices"]), value=v, **kw)
-            elif isinstance(v, bool):
-                w = pn.widgets.Checkbox(value=v, name=label, width=150, disabled=not can_run)
-            elif isinstance(v, int):
-                lo, hi = meta["bounds"]
-                w = pn.widgets.IntInput(value=v, start=lo, end=hi, **kw)
-            elif isinstance(v, float):
-                lo, hi = meta["bounds"]
-                w = pn.widgets.FloatInput(value=v, start=lo, end=hi, format="0.[000000]", **kw)
-            else:
-                w = pn.widgets.TextInput(value=v, **kw)
-            self._inputs[f.name] = w
+        for s in settings_of(MiniRunConfig):  # the form is the config's fields (studio.configs)
+            fmt = {"format": "0.[000000]"} if s.kind is float else {}
+            self._inputs[s.name] = widget_for(s, label=s.label, width=150, disabled=not can_run, **fmt)
         # the three settings whose values come from the store get pickers
         self._inputs["policy"] = pn.widgets.Select(name="policy", width=310, disabled=not can_run,
-                                                   description=MiniRunConfig.__dataclass_fields__["policy"].metadata["help"])
+                                                   description=widget_for(settings_of(MiniRunConfig)[0]).description)
         self._inputs["prompt_set"] = pn.widgets.Select(name="prompt set", width=150, disabled=not can_run,
                                                        description="training prompts")
         self._inputs["rule_version"] = pn.widgets.Select(name="reward (rule version)", width=310,

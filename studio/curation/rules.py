@@ -27,7 +27,7 @@ class PairRule:
 
     name: str = setting("best_vs_worst", "best_vs_worst: the largest margin per set; correct_vs_incorrect: every "
                         "correct × incorrect pair; all_pairs: every pair whose rewards differ", choices=RULES,
-                        flag="--rule")
+                        flag="--rule", label="pair rule")
     level: str = setting("completion", "completion: sets are groups of sampled completions; step: sets are fork "
                          "siblings (same prefix, different continuation)", choices=LEVELS)
     min_margin: float | None = setting(None, "keep pairs whose chosen reward exceeds the rejected one by at least "

@@ -25,6 +25,7 @@ import pandas as pd
 
 from backends import PolicyLoadError, check_policy_folder
 from studio import queries, workers
+from studio.configs import problems, setting
 from studio.errors import StudioError
 from studio.queries.forks import depth_of
 from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
@@ -49,37 +50,27 @@ class NoPolicyError(BranchError):
     """The rollout has no policy to continue it with (an import with no model attached)."""
 
 
-BRANCH_BOUNDS: dict[str, tuple[float, float]] = {
-    "n": (1, 32), "temperature": (0.0, 5.0), "top_p": (0.01, 1.0), "max_new_tokens": (1, 4096),
-}
-
-
 @dataclass
 class BranchConfig:
-    """Settings of one branch request (the fork panel's form is built from these fields)."""
+    """Settings of one branch request (the fork panel's form is built from these fields:
+    :mod:`studio.configs`)."""
 
-    n: int = 4
-    """Completions per chosen alternative."""
-    temperature: float = 1.0
-    """Sampling temperature of the continuations (0: greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass of the continuations."""
-    max_new_tokens: int | None = None
-    """Longest completion, prefix included; None: the parent run's setting (48 if it has none)."""
-    seed: int | None = None
-    """Seed of the continuations; None draws one (recorded in the run's config)."""
+    n: int = setting(4, "completions per chosen alternative", 1, 32)
+    temperature: float = setting(1.0, "sampling temperature of the continuations (0: greedy)", 0.0, 5.0)
+    top_p: float = setting(1.0, "nucleus sampling mass of the continuations", 0.01, 1.0)
+    max_new_tokens: int | None = setting(None, "longest completion, prefix included; none: the parent run's "
+                                               "setting (48 if it has none)", 1, 4096)
+    seed: int | None = setting(None, "seed of the continuations; none draws one (recorded in the run's config)")
 
     def validate(self, n_choices: int = 1) -> None:
-        problems = [f"{name.replace('_', ' ')} must be {lo}-{hi}, got {getattr(self, name)}"
-                    for name, (lo, hi) in BRANCH_BOUNDS.items()
-                    if getattr(self, name) is not None and not lo <= getattr(self, name) <= hi]
+        bad = problems(self)
         if n_choices < 1:
-            problems.append("choose at least one alternative (or 'as sampled') to branch on")
+            bad.append("choose at least one alternative (or 'as sampled') to branch on")
         elif n_choices * self.n > MAX_BRANCHES:
-            problems.append(f"{n_choices} choices × {self.n} completions = {n_choices * self.n} branches; "
+            bad.append(f"{n_choices} choices × {self.n} completions = {n_choices * self.n} branches; "
                             f"at most {MAX_BRANCHES} per request")
-        if problems:
-            raise BranchError("; ".join(problems))
+        if bad:
+            raise BranchError("; ".join(bad))
 
 
 @dataclass

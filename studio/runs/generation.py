@@ -16,6 +16,7 @@ from pathlib import Path
 
 from backends import PolicyLoadError
 from studio import workers
+from studio.configs import problems, setting
 from studio.errors import StudioError
 from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
 from studio.store import Store
@@ -31,35 +32,24 @@ class ConfigError(StudioError, ValueError):
 
 
 # field -> (lowest, highest) allowed; the Generate form takes its bounds from here
-BOUNDS: dict[str, tuple[float, float]] = {
-    "group_size": (1, 64), "temperature": (0.0, 5.0), "top_p": (0.01, 1.0),
-    "max_new_tokens": (1, 4096), "top_k_stats": (1, 20),
-}
-
-
 @dataclass
 class GenerateConfig:
-    """Sampling settings of one Generate run (the UI form is generated from these fields)."""
+    """Sampling settings of one Generate run (the form and ``rollout-studio generate`` are
+    generated from these fields: :mod:`studio.configs`)."""
 
-    group_size: int = 8
-    """Completions sampled per prompt: one GRPO group."""
-    temperature: float = 1.0
-    """Sampling temperature; 0 is greedy. Statistics always describe the policy at temperature 1."""
-    top_p: float = 1.0
-    """Nucleus sampling mass; 1.0 samples from the full distribution."""
-    max_new_tokens: int = 48
-    """Longest completion, in tokens."""
-    seed: int = 0
-    """Seed of the sampler; the same seed, prompts and policy give the same rollouts."""
-    top_k_stats: int = 5
-    """Most likely alternatives recorded per token (shown in the hover card)."""
+    group_size: int = setting(8, "completions sampled per prompt: one GRPO group", 1, 64)
+    temperature: float = setting(1.0, "sampling temperature; 0 is greedy (statistics always describe the policy "
+                                      "at temperature 1)", 0.0, 5.0)
+    top_p: float = setting(1.0, "nucleus sampling mass; 1.0 samples from the full distribution", 0.01, 1.0)
+    max_new_tokens: int = setting(48, "longest completion, in tokens", 1, 4096)
+    seed: int = setting(0, "seed of the sampler; the same seed, prompts and policy give the same rollouts")
+    top_k_stats: int = setting(5, "most likely alternatives recorded per token (shown in the hover card)", 1, 20)
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming every setting outside :data:`BOUNDS`."""
-        problems = [f"{name.replace('_', ' ')} must be {lo}-{hi}, got {getattr(self, name)}"
-                    for name, (lo, hi) in BOUNDS.items() if not lo <= getattr(self, name) <= hi]
-        if problems:
-            raise ConfigError("; ".join(problems))
+        """Raise :class:`ConfigError` naming every setting outside its bounds."""
+        bad = problems(self)
+        if bad:
+            raise ConfigError("; ".join(bad))
 
 
 @dataclass

@@ -5,13 +5,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from studio.configs import add_arguments
 from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy
 
 COMMAND = "generate"
 
 
 def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
-    from studio.runs.generation import BOUNDS, GenerateConfig
+    from studio.runs.generation import GenerateConfig
 
     ap = argparse.ArgumentParser(prog=prog, description="Sample completions from a policy in a worker, "
                                  "score them with the task's rule (and the active rule version) and store them as a run.")
@@ -23,14 +24,7 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
     ap.add_argument("--difficulty", default="medium", help="difficulty of --fresh prompts (easy, medium, hard)")
     ap.add_argument("--task", default="arithmetic", help="the task the prompts belong to")
     ap.add_argument("--name", default=None, help="the run's name")
-    for f, help_ in (("group_size", "completions per prompt (one GRPO group)"), ("temperature", "sampling temperature; 0 is greedy"),
-                     ("top_p", "nucleus sampling mass"), ("max_new_tokens", "longest completion in tokens"),
-                     ("seed", "sampler seed (same seed, prompts and policy: same rollouts)"),
-                     ("top_k_stats", "most likely alternatives recorded per token")):
-        default = getattr(GenerateConfig, f)
-        lo_hi = f" ({BOUNDS[f][0]:g}-{BOUNDS[f][1]:g})" if f in BOUNDS else ""
-        ap.add_argument("--" + f.replace("_", "-"), type=type(default), default=default,
-                        help=f"{help_}{lo_hi}; default {default}")
+    add_arguments(ap, GenerateConfig)
     args = ap.parse_args(argv)
 
     from backends import PolicyLoadError

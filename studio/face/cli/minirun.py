@@ -1,13 +1,16 @@
-"""``rollout-studio minirun`` (also ``python -m studio.minirun``): a mini-run from the command line, one option per ``MiniRunConfig`` field."""
+"""``rollout-studio minirun`` (also ``python -m studio.minirun``): a mini-run from the command line,
+one option per ``MiniRunConfig`` field (:mod:`studio.configs`)."""
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
-from studio.face.cli.common import PROG
+from studio.configs import add_arguments, from_arguments
+from studio.face.cli.common import BAD_INPUT, PROG, _db_argument, _err, _open
 from studio.runs.minirun import MiniRunBusy, metrics, resume, start, state_of, stop, wait
 from studio.runs.training import MiniRunConfig, TrainConfigError
-from studio.store import Store
+from studio.store import StoreError
 
 COMMAND = "minirun"
 
@@ -16,27 +19,22 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
     """``python -m studio.minirun [--db PATH] [--name NAME] [--resume RUN_ID] [--<setting> VALUE …]``:
     a mini-run from the command line, with one option per ``MiniRunConfig`` field; prints
     each step's metrics as it is stored."""
-    import argparse
-    from dataclasses import fields as dc_fields
-
-    from studio.store import default_db_path
-
     ap = argparse.ArgumentParser(prog=prog, description="Train the policy with a mini-run.")
-    ap.add_argument("--db", default=None, help="store file (default: the studio's)")
+    _db_argument(ap)
     ap.add_argument("--name", default=None, help="run name")
     ap.add_argument("--resume", default=None, help="resume this run id from its last checkpoint")
-    defaults = MiniRunConfig()
-    for f in dc_fields(MiniRunConfig):
-        v = getattr(defaults, f.name)
-        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(v, bool) else type(v)
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=v, help=f.metadata["help"])
+    add_arguments(ap, MiniRunConfig)
     args = ap.parse_args(argv)
-    store = Store.open(args.db or default_db_path())
+    try:
+        store = _open(args.db)
+    except StoreError as exc:
+        _err(exc)
+        return BAD_INPUT
     try:
         if args.resume:
             run_id = resume(store, args.resume)
         else:
-            cfg = MiniRunConfig(**{f.name: getattr(args, f.name) for f in dc_fields(MiniRunConfig)})
+            cfg = from_arguments(MiniRunConfig, args)
             run_id = start(store, cfg, name=args.name)
     except (TrainConfigError, MiniRunBusy, OSError, ValueError) as exc:
         print(f"error: {exc}")

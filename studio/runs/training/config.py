@@ -9,8 +9,9 @@ evaluation reads (:func:`heldout_prompts`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
+from studio.configs import problems, setting
 from studio.errors import StudioError
 
 TRAIN_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
@@ -23,66 +24,54 @@ class TrainConfigError(StudioError, ValueError):
     """Mini-run settings out of range; the message names each one."""
 
 
-def _f(default, help: str, lo=None, hi=None, choices=None):
-    return field(default=default, metadata={"help": help, "bounds": (lo, hi), "choices": choices})
-
-
 @dataclass
 class MiniRunConfig:
-    """Everything a mini-run needs; the studio's form and ``python -m studio.minirun`` are
-    generated from these fields (help, bounds and choices in their metadata)."""
+    """Everything a mini-run needs; the studio's form and ``rollout-studio minirun`` are
+    generated from these fields (:mod:`studio.configs`)."""
 
-    policy: str = _f("sample", "policy folder to start from ('sample': the bundled sample policy)")
-    prompt_set: str = _f("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
+    policy: str = setting("sample", "policy folder to start from ('sample': the bundled sample policy)")
+    prompt_set: str = setting("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
                                    "or run:<run_id> (the prompts of a stored run)")
-    n_prompts: int = _f(4096, "size of the training prompt pool (for the task's prompt sets); a small pool is "
+    n_prompts: int = setting(4096, "size of the training prompt pool (for the task's prompt sets); a small pool is "
                               "memorised rather than learned", 1, 100_000)
-    rule_version: str = _f("", "reward: a stored rule version id ('' = the task's built-in rule; a reward "
+    rule_version: str = setting("", "reward: a stored rule version id ('' = the task's built-in rule; a reward "
                                "model's version rm-<folder@hash> trains on its score)")
-    estimator: str = _f("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)
-    group_size: int = _f(8, "completions per prompt (one group)", 2, 64)
-    prompts_per_step: int = _f(8, "prompts (groups) per training step", 1, 256)
-    learning_rate: float = _f(2e-4, "AdamW learning rate", 1e-7, 1e-1)
-    steps: int = _f(50, "training steps", 1, 100_000)
-    clip_eps: float = _f(0.2, "PPO clip ε: the ratio is clipped to [1-ε, 1+ε]", 0.0, 1.0)
-    kl_beta: float = _f(0.0, "β of the KL penalty to the frozen reference (the starting weights)", 0.0, 10.0)
-    entropy_q: float = _f(1.0, "train on the top q of tokens by entropy (TRL top_entropy_quantile; 1 = all)",
+    estimator: str = setting("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)
+    group_size: int = setting(8, "completions per prompt (one group)", 2, 64)
+    prompts_per_step: int = setting(8, "prompts (groups) per training step", 1, 256)
+    learning_rate: float = setting(2e-4, "AdamW learning rate", 1e-7, 1e-1)
+    steps: int = setting(50, "training steps", 1, 100_000)
+    clip_eps: float = setting(0.2, "PPO clip ε: the ratio is clipped to [1-ε, 1+ε]", 0.0, 1.0)
+    kl_beta: float = setting(0.0, "β of the KL penalty to the frozen reference (the starting weights)", 0.0, 10.0)
+    entropy_q: float = setting(1.0, "train on the top q of tokens by entropy (TRL top_entropy_quantile; 1 = all)",
                           0.01, 1.0)
-    temperature: float = _f(1.0, "sampling temperature", 0.1, 5.0)
-    max_new_tokens: int = _f(40, "longest completion, tokens", 1, 4096)
-    iterations: int = _f(1, "optimiser updates per batch (μ; > 1 makes the clip matter)", 1, 16)
-    loss_type: str = _f("grpo", "how token losses average: grpo (per completion), bnpo (per token), dr_grpo",
+    temperature: float = setting(1.0, "sampling temperature", 0.1, 5.0)
+    max_new_tokens: int = setting(40, "longest completion, tokens", 1, 4096)
+    iterations: int = setting(1, "optimiser updates per batch (μ; > 1 makes the clip matter)", 1, 16)
+    loss_type: str = setting("grpo", "how token losses average: grpo (per completion), bnpo (per token), dr_grpo",
                         choices=("grpo", "bnpo", "dr_grpo"))
-    seed: int = _f(0, "seed of prompts, sampling and initialisation", 0, 2**31 - 1)
-    lora: bool = _f(False, "train LoRA adapters (peft, pip install '.[lora]') instead of every weight, for "
+    seed: int = setting(0, "seed of prompts, sampling and initialisation", 0, 2**31 - 1)
+    lora: bool = setting(False, "train LoRA adapters (peft, pip install '.[lora]') instead of every weight, for "
                              "bigger models")
-    lora_r: int = _f(8, "LoRA rank", 1, 256)
-    checkpoint_every: int = _f(10, "save a checkpoint every k steps (and at the end)", 1, 100_000)
-    overlap: bool = _f(True, "sample the next batch in a second process while this one trains (on a CPU with 2+ "
+    lora_r: int = setting(8, "LoRA rank", 1, 256)
+    checkpoint_every: int = setting(10, "save a checkpoint every k steps (and at the end)", 1, 100_000)
+    overlap: bool = setting(True, "sample the next batch in a second process while this one trains (on a CPU with 2+ "
                              "cores; one step off-policy: the sampler's log-probs are π_old, so the clipped ratio "
                              "corrects the lag, as in PipelineRL and AReaL); off: strictly on-policy")
 
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` naming every setting out of range."""
-        problems = []
-        for f in fields(self):
-            v = getattr(self, f.name)
-            lo, hi = f.metadata["bounds"]
-            choices = f.metadata["choices"]
-            if choices and v not in choices:
-                problems.append(f"{f.name.replace('_', ' ')} must be one of {', '.join(choices)}, got {v!r}")
-            if lo is not None and not lo <= v <= hi:
-                problems.append(f"{f.name.replace('_', ' ')} must be {lo:g}-{hi:g}, got {v}")
+        bad = problems(self)
         if not (self.prompt_set in PROMPT_SETS or self.prompt_set.startswith("run:")):
-            problems.append(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id>, "
+            bad.append(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id>, "
                             f"got {self.prompt_set!r}")
         if self.lora:
             import importlib.util
             if importlib.util.find_spec("peft") is None:
-                problems.append("lora needs the peft package (pip install 'rollout-studio[lora]' or pip install peft), "
+                bad.append("lora needs the peft package (pip install 'rollout-studio[lora]' or pip install peft), "
                                 "which is not installed")
-        if problems:
-            raise TrainConfigError("; ".join(problems))
+        if bad:
+            raise TrainConfigError("; ".join(bad))
 
     @classmethod
     def from_dict(cls, d: dict) -> MiniRunConfig:
