@@ -15,9 +15,10 @@ import heapq
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import pandas as pd
@@ -120,7 +121,7 @@ class Store:
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | None = None) -> "Store":
+    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | None = None) -> Store:
         """Open ``path``, creating it (seeded from ``seed_dir``'s Parquet files) if missing.
 
         Raises:
@@ -148,7 +149,7 @@ class Store:
         return store
 
     @classmethod
-    def open_existing(cls, path: str | Path) -> "Store":
+    def open_existing(cls, path: str | Path) -> Store:
         """Open a store that must already exist: commands that read or change stored rollouts
         (curation, rules, enrich) must not create an empty store at a mistyped path.
 
