@@ -43,14 +43,48 @@ def test_every_reward_component_and_channel_is_documented():
         assert f"`{ch}`" in README, ch
 
 
+def map_sections() -> dict[str, str]:
+    """docs/architecture.md's package tables: folder -> its table's text."""
+    parts = re.split(r"^### `([^`]+)/`$", ARCH, flags=re.M)
+    return {parts[i]: parts[i + 1].split("\n## ")[0] for i in range(1, len(parts), 2)}
+
+
 def test_every_table_and_module_is_in_the_architecture_map():
     for table in TABLES:
         assert f"`{table}`" in ARCH, table
-    for py in [*ROOT.glob("studio/*.py"), *ROOT.glob("backends/*.py"), *ROOT.glob("widgets/*.py")]:
-        if py.name == "__init__.py":
+    sections = map_sections()
+    for top in ("studio", "backends", "widgets"):
+        for py in sorted((ROOT / top).rglob("*.py")):
+            folder = py.parent.relative_to(ROOT).as_posix()
+            assert folder in sections, f"docs/architecture.md has no table for {folder}/"
+            assert f"| `{py.name}` |" in sections[folder], f"{folder}/{py.name} is not in docs/architecture.md"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``studio.a.b.c`` names a module or an attribute of one."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
             continue
-        rel = py.relative_to(ROOT).as_posix()
-        assert f"`{rel}`" in ARCH, rel
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_every_dotted_name_in_the_docs_exists():
+    """A name the README or the map gives (``studio.queries.table.RolloutFilter``) is one a reader can import."""
+    names = set(re.findall(r"\b((?:studio|backends|widgets)\.[A-Za-z_][\w.]*[A-Za-z_\d])", README + ARCH))
+    names = {n for n in names if not n.startswith(("studio.duckdb", "studio.prefix", "studio.completions",
+                                                     "studio.choices", "studio.app", "studio.api"))}
+    missing = sorted(n for n in names if not _resolves(n))
+    assert not missing, f"the docs name what the code does not have: {missing}"
 
 
 def test_every_minirun_setting_is_documented():

@@ -3,6 +3,86 @@
 With no arguments it serves the embedded default at http://127.0.0.1:5006: a DuckDB store
 seeded with the sample rollouts, and the sample policy for Generate. Binds 127.0.0.1 and
 refuses any other address without basic auth or OAuth.
+
+How a served studio holds under load and faults (kept true with the code):
+
+- ``launch.py`` binds 127.0.0.1 by default and refuses other addresses without basic auth
+  or OAuth. On loopback only loopback origins may open the websocket; on other addresses
+  (always authenticated) any origin may, since users reach it by host names we cannot know.
+- With ``--admins`` (authentication required) only those users get code-running actions:
+  ``create_app`` does not build the Generate panel for anyone else's session
+  (``studio.face.app.may_run_code``), the fork panel gets no branch form and registers no
+  branch callback, and the comparison's *Score* button has no callback, so no callback
+  exists to call.
+- A page is built for what it shows first. The lower tabs other than *Group view* are built
+  the first time they are opened (``create_app``'s ``view(i)``, under ``pn.io.hold(freeze=True)``)
+  and then kept; views with ``shown`` (``widgets/base/lazy.py``) draw only while their tab is open.
+  (Not Panel's ``dynamic`` tabs, which re-create a tab's models on every switch.) A served page
+  costs about a second of server CPU on the 2-core machine: ``create_app`` (~0.3 s), Bokeh models
+  (``StudioTemplate`` puts them on the document with its model graph frozen: walked once, not per
+  root), and the document sent over the websocket (~0.2 s). Nothing on it grows with the
+  store: the table holds one page (cut in DuckDB) and the group picker the groups of that page,
+  so a page of the 1M-rollout store builds in ~1.1 s of CPU, as one of the 512-rollout sample
+  store does (it took ~7 s when the table held its first 5,000 rows and the picker every group).
+- A click that opens a rollout reads first, off the event loop, then shows
+  (``widgets.base.preload.Preloading.select``): each view registers a *preloader* (``widgets.base.preload.Preloading.add_preloader``) that
+  does its store reads for the new selection on one of four shared threads (``studio-preload``),
+  and the token strip and the group view draw their HTML there too; when they are done the state
+  changes under ``pn.io.hold()`` (every view's change in one websocket message) and each view's
+  redraw finds its reads and HTML (``widgets.base.preload.Preloading.preloaded``, keyed by what they depend on: the
+  strip's by every state value it shows, ``token_strip.SHOWN``; a miss reads and draws in place, so
+  a view never shows other data than it asked for). The event loop, which serves every page of
+  the process, answers other sessions meanwhile and only sets the drawn HTML: DuckDB lets go of
+  the GIL while it reads. A later click in the same page replaces one still reading. Reads past
+  their time limit are interrupted by one watchdog thread (``studio.store._Watchdog``), woken only when a
+  read's deadline is the earliest (not once per read: hundreds a second under load).
+  The token strip reads ``queries.credit.rollout_view`` (its group scored once, which the group view draws
+  from when the group changes: no second read); the group view redraws from its cached cards when
+  the group is the same (cards are drawn once per group and channel); the fork panel reads
+  ``queries.forks.lineage`` (one read) and draws the tree only when the rollout has a parent or branches;
+  *Save as HTML* names its file when pressed. Hidden tabs do nothing. New rows from a Generate go
+  the same way (``widgets.base.preload.Preloading.stored``): the table's rows (made into the frame it shows), run
+  labels, reward bounds, the group picker's groups, the strip and the group are read on the
+  thread, and so is every other read a ``refresh`` redraws from (the store's counts, policies,
+  rule versions, credit sources, sample prompts: ``widgets.base.preload.Preloading.fresh_read``, a preloader that runs
+  only after new rows); then ``refresh`` is bumped and the event loop only sets widgets (the run
+  picker's options only when they changed). A group's tokens are read with the ids' range as a
+  first filter (``queries.tokens_of``): a group's ids are made together, so the scan drops most
+  rows before the semi join hashes them.
+  The Generate itself scores and stores each chunk on a thread (``asyncio.to_thread``), and a
+  fork's branches are stored the same way, so other pages' clicks are answered during the write.
+  Outside a served page (a notebook, a test) ``select`` changes the state at once.
+- Folder tailers are followed by one task per server process (``follow_tails``: every 2 s, one
+  count per store), which refreshes only the pages whose store grew: not a periodic callback per
+  page.
+- Widgets built after the page (a tab opened, a plot added) get their stylesheets from this
+  server (Panel takes ``dist_url`` from the session's document); plots update existing
+  ``HoloViews`` panes rather than creating new ones in callbacks. Nothing may come from the
+  network: the UI tests fail on any failed request, and one opens every tab and fails on any
+  request that leaves loopback.
+- Worker processes watch their owner and exit when it is gone (a SIGKILLed server
+  cannot shut its pool down). They run below the server's priority
+  (``backends.device.yield_to_server``, niceness ``ROLLOUT_STUDIO_WORKER_NICE``, default 10):
+  sampling, rules and training wait for pages when the cores are contended.
+- Session ids are signed (``launch.py``: ``sign_sessions``, a key made per start): a request that
+  names its own session id gets 403, so no one can pick or reuse another page's session.
+- The server process never imports torch: models load in the worker.
+- One store per server process, shared by all sessions; each session has its own
+  ``StudioState``. Long work (sampling) runs in the worker pool and is awaited by an async
+  callback, so the Tornado loop keeps serving.
+- The backend (``backends/server/``) binds 127.0.0.1 by default and refuses any other address
+  without an API key (Bearer, compared in constant time; ``/health`` alone is open). Its model work
+  runs on one thread and its tokenizer endpoints on another, so health checks answer during a
+  long generation. The studio never stores or shows a key: it comes from
+  ``ROLLOUT_STUDIO_API_KEY`` (or ``launch.py --api-key``, which sets it for the workers), and URLs
+  with credentials are refused. Every remote call has a timeout (5 s for health checks, 120 s or
+  ``ROLLOUT_STUDIO_REMOTE_TIMEOUT`` for model requests), and the owner asks a backend only off the
+  event loop (``asyncio.to_thread``), except the hover card's token texts (at most 1 s, then ``#id``
+  for 30 s).
+- In a notebook the ``Studio`` object is the owner of its store: the served studio and a notebook
+  cannot hold the same file at once (DuckDB), and ``studio.open`` says so.
+- Every model or user string is rendered through ``widgets.base.style.esc`` into HTML panes;
+  Tabulator's plaintext formatter escapes table cells. No Markdown pane shows user text.
 """
 from __future__ import annotations
 
