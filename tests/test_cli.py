@@ -147,3 +147,27 @@ def test_serve_check_builds_the_page_on_the_embedded_default(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok:") and "512 rollouts" in out.stdout
     assert (tmp_path / "default.duckdb").exists()
+
+
+def test_one_error_to_exit_code_map():
+    """Every user-facing error is a StudioError carrying its exit code; the CLI maps by it alone."""
+    from backends.types import PolicyLoadError
+    from studio.curation import NothingToExport, StalePairsError
+    from studio.errors import StudioError
+    from studio.face.cli.common import command, exit_code
+    from studio.rewards.sandbox import RuleSourceError
+    from studio.store import QueryTimeout, StoreError
+    from studio.tasks import TaskParseError, UnknownTaskError
+
+    for bad_input in (StoreError("x"), TaskParseError("x"), UnknownTaskError("x"), RuleSourceError("x"),
+                      PolicyLoadError("x"), FileNotFoundError("x")):
+        assert exit_code(bad_input) == 2, type(bad_input)
+    for not_done in (NothingToExport("x"), StalePairsError("x"), QueryTimeout("x")):
+        assert isinstance(not_done, StudioError) and exit_code(not_done) == 1, type(not_done)
+    assert exit_code(KeyboardInterrupt()) == 130
+
+    @command
+    def main(argv, prog):
+        raise StoreError("there is no studio store at /nowhere")
+
+    assert main([], "x") == 2

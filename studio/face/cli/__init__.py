@@ -13,7 +13,7 @@
 One module per subcommand (``studio/face/cli/<name>.py``, each with ``main(argv, prog)``); the
 documented older names ``python -m studio.rules|importers|enrich|minirun|curation`` run the same
 modules. Every user-facing error is a :class:`studio.errors.StudioError` carrying its exit code;
-:func:`exit_code` maps any other exception a command lets through.
+:func:`~studio.face.cli.common.command` maps what a command's ``main`` raises to its exit code.
 
 Exit codes, the same for every subcommand (scripts rely on them):
 
@@ -32,9 +32,7 @@ import argparse
 import importlib
 import sys
 
-from backends.types import PolicyLoadError
-from studio.errors import StudioError
-from studio.face.cli.common import BAD_INPUT, FAILED, INTERRUPTED, PROG, _db_problem, _err
+from studio.face.cli.common import BAD_INPUT, PROG, _db_problem, _err
 
 # name -> (module under studio.face.cli, one-line help)
 COMMANDS = {
@@ -50,29 +48,10 @@ COMMANDS = {
 }
 
 
-def exit_code(exc: BaseException) -> int:
-    """The exit code of an exception a command did not handle itself (the contract above)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return INTERRUPTED
-    if isinstance(exc, StudioError):
-        return exc.exit_code
-    if isinstance(exc, (PolicyLoadError, OSError, ValueError)):
-        return BAD_INPUT
-    return FAILED
-
-
 def run(command: str, argv: list[str], prog: str | None = None) -> int:
-    """Run one subcommand's ``main`` and map what it raises to an exit code, with one line on
-    stderr (never a traceback for a user's mistake)."""
+    """Run one subcommand (its ``main`` maps what it raises to an exit code: ``common.command``)."""
     module = importlib.import_module(f"studio.face.cli.{COMMANDS[command][0]}")
-    try:
-        return module.main(argv, prog or f"{PROG} {command}")
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except (StudioError, PolicyLoadError, OSError) as exc:
-        _err(exc)
-        return exit_code(exc)
+    return module.main(argv, prog or f"{PROG} {command}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import sys
 
-from studio.face.cli.common import PROG
+from studio.face.cli.common import PROG, command
 
 COMMAND = "backend"
 
 
+@command
 def main(argv: list[str], prog: str = f"{PROG} backend") -> int:
     from backends.server import main as serve_backend
 

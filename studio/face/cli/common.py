@@ -2,11 +2,47 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PROG = "rollout-studio"
 OK, FAILED, BAD_INPUT, INTERRUPTED = 0, 1, 2, 130
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of an exception a command did not handle itself (``studio.face.cli``'s contract)."""
+    from backends.types import PolicyLoadError
+    from studio.errors import StudioError
+
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED
+    if isinstance(exc, StudioError):
+        return exc.exit_code
+    if isinstance(exc, (PolicyLoadError, OSError, ValueError)):
+        return BAD_INPUT
+    return FAILED
+
+
+def command(main: Callable[..., int]) -> Callable[..., int]:
+    """A subcommand's ``main``: what it raises becomes one ``error: …`` line on stderr and its exit
+    code (:func:`exit_code`), never a traceback for a user's mistake; Ctrl-C is 130."""
+    from backends.types import PolicyLoadError
+    from studio.errors import StudioError
+
+    @functools.wraps(main)
+    def run(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return INTERRUPTED
+        except (StudioError, PolicyLoadError, OSError) as exc:
+            _err(str(exc))
+            return exit_code(exc)
+
+    return run
 
 
 def _err(msg: str) -> None:

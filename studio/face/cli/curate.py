@@ -19,7 +19,7 @@ from studio.curation import (
     export,
     progress,
 )
-from studio.face.cli.common import PROG
+from studio.face.cli.common import PROG, command
 from studio.store import Store, StoreError
 
 COMMAND = "curate"
@@ -55,6 +55,7 @@ def run_export(store: Store, args: argparse.Namespace) -> int:
     return 0
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
     """``python -m studio.curation {build,accept,reject,status,export} --db PATH ...`` (see the
     module's docstring); returns the exit code."""
@@ -84,11 +85,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
     common(sub.add_parser("status", help="review progress and builds"))
     add_export_arguments(common(sub.add_parser("export", help="write accepted pairs in a TRL format")))
     args = ap.parse_args(argv)
-    try:
-        store = Store.open_existing(args.db)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    store = Store.open_existing(args.db)
     try:
         if args.cmd == "build":
             rule = from_arguments(PairRule, args)

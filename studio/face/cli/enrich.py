@@ -3,20 +3,21 @@ from __future__ import annotations
 
 import sys
 
-from studio.face.cli.common import PROG
+from studio.face.cli.common import PROG, command
 from studio.runs.enrich import enrich_sync
 from studio.store import Store
 
 COMMAND = "enrich"
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = f"{PROG} enrich") -> int:
     """``python -m studio.enrich --policy FOLDER [--run RUN_ID] [--db PATH]``; returns the exit code."""
     import argparse
     import sys
 
     from backends.types import PolicyLoadError
-    from studio.store import StoreError, default_db_path
+    from studio.store import default_db_path
 
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Fill in token ids, log-probs, entropy and top-k of stored rollouts "
@@ -29,11 +30,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} enrich") -> int:
     args = ap.parse_args(argv)
     from studio.workers.vocab import resolve_policy
 
-    try:
-        store = Store.open_existing(args.db)
-    except StoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    store = Store.open_existing(args.db)
     try:
         def progress(done: int, total: int) -> None:
             print(f"  {done:,}/{total:,} rollouts", flush=True)

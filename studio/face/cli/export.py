@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy
+from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy, command
 
 COMMAND = "export"
 
 
+@command
 def main(argv: list[str], prog: str = f"{PROG} export") -> int:
     from studio.face.cli.curate import add_export_arguments, run_export
 
@@ -31,11 +32,7 @@ def main(argv: list[str], prog: str = f"{PROG} export") -> int:
     from studio.curation.errors import CurationError, NothingToExport, StalePairsError
     from studio.store import StoreError
 
-    try:
-        store = _open(args.db)
-    except StoreError as exc:
-        _err(exc)
-        return BAD_INPUT
+    store = _open(args.db)
     try:
         if args.rollout or args.group or args.fork_tree:
             from studio.face import api

@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 from studio.configs import add_arguments
-from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy
+from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy, command
 
 COMMAND = "generate"
 
 
+@command
 def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
     from studio.runs.generation import GenerateConfig
 

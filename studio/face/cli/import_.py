@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from studio.configs import settings_of
-from studio.face.cli.common import PROG
+from studio.face.cli.common import PROG, command
 from studio.ingest.errors import ImportFormatError, MalformedInput
 from studio.ingest.formats import FORMATS, ColumnMapping
 from studio.ingest.importers import import_run
@@ -15,6 +15,7 @@ from studio.store import Store
 COMMAND = "import"
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
     """``python -m studio.importers PATH... [--format F] [--map field=column ...] [--skip-bad] [--tail]``."""
     import argparse

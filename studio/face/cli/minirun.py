@@ -7,14 +7,14 @@ import sys
 import time
 
 from studio.configs import add_arguments, from_arguments
-from studio.face.cli.common import BAD_INPUT, PROG, _db_argument, _err, _open
+from studio.face.cli.common import PROG, _db_argument, _open, command
 from studio.runs.minirun import MiniRunBusy, metrics, resume, start, state_of, stop, wait
 from studio.runs.training import MiniRunConfig, TrainConfigError
-from studio.store import StoreError
 
 COMMAND = "minirun"
 
 
+@command
 def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
     """``python -m studio.minirun [--db PATH] [--name NAME] [--resume RUN_ID] [--<setting> VALUE …]``:
     a mini-run from the command line, with one option per ``MiniRunConfig`` field; prints
@@ -25,11 +25,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
     ap.add_argument("--resume", default=None, help="resume this run id from its last checkpoint")
     add_arguments(ap, MiniRunConfig)
     args = ap.parse_args(argv)
-    try:
-        store = _open(args.db)
-    except StoreError as exc:
-        _err(exc)
-        return BAD_INPUT
+    store = _open(args.db)
     try:
         if args.resume:
             run_id = resume(store, args.resume)

@@ -5,11 +5,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy
+from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy, command
 
 COMMAND = "score"
 
 
+@command
 def main(argv: list[str], prog: str = f"{PROG} score") -> int:
     """``rollout-studio score`` (also ``python -m studio.rules``)."""
     ap = argparse.ArgumentParser(prog=prog, description="Re-score stored rollouts and store the result as a "

@@ -4,11 +4,12 @@ from __future__ import annotations
 import sys
 
 from studio.face import serve
-from studio.face.cli.common import PROG
+from studio.face.cli.common import PROG, command
 
 COMMAND = "serve"
 
 
+@command
 def main(argv: list[str], prog: str = f"{PROG} serve") -> int:
     return serve.main(argv, prog=prog)
 
