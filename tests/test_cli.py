@@ -162,7 +162,7 @@ def test_one_error_to_exit_code_map():
     for bad_input in (StoreError("x"), TaskParseError("x"), UnknownTaskError("x"), RuleSourceError("x"),
                       PolicyLoadError("x"), FileNotFoundError("x")):
         assert exit_code(bad_input) == 2, type(bad_input)
-    for not_done in (NothingToExport("x"), StalePairsError("x"), QueryTimeout("x")):
+    for not_done in (NothingToExport("x"), StalePairsError("x", stale=None), QueryTimeout("x")):
         assert isinstance(not_done, StudioError) and exit_code(not_done) == 1, type(not_done)
     assert exit_code(KeyboardInterrupt()) == 130
 
