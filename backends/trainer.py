@@ -4,7 +4,7 @@ Runs only in the mini-run's worker process (imports torch). The owner process (s
 CLI, :mod:`studio.runs.minirun`) starts the worker, receives every finished step as plain data
 and writes it to the store; nothing here touches the store.
 
-One training step (:func:`grpo_step`), as TRL's ``GRPOTrainer`` does it with
+One training step (:func:`policy_loss` and :func:`backward`), as TRL's ``GRPOTrainer`` does it with
 ``num_iterations`` = μ:
 
 1. sample ``group_size`` completions for each of ``prompts_per_step`` prompts with the

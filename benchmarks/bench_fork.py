@@ -6,7 +6,7 @@ Three figures, on a fresh temporary store seeded with the sample rollouts:
 
 ``fork_vs_fresh_time``
     Several sample rollouts (one per prompt, spread over the rollout lengths) are forked in
-    the middle (position ``len // 2``) with ``studio.queries.forks.branch_sync(store, rollout, pos,
+    the middle (position ``len // 2``) with ``studio.runs.branch.branch_sync(store, rollout, pos,
     [None], BranchConfig(n=8))``: the path the fork panel takes (plan the request, sample the
     8 continuations in the worker process, score them, store them), timed from the request
     until the 8 scored branches are stored. The baseline is what a user would do without

@@ -84,7 +84,7 @@ class Shape:
     seed: int = 20240601
     sharded: bool = False
     """Import runs' token rows in one Parquet shard per run, as ``studio.ingest.importers.import_run`` writes
-    a bulk import's (``studio/shards.py``); generate runs' in the table. False: every row in the table."""
+    a bulk import's (``studio/store/shards.py``); generate runs' in the table. False: every row in the table."""
 
 
 class Plan:

@@ -51,9 +51,15 @@ class Setting:
     label: str  # how messages name it
 
     def problem(self, value: Any) -> str | None:
-        """Why ``value`` is not allowed here (``"group size must be 1-64, got 0"``), or None."""
+        """Why ``value`` is not allowed here (``"group size must be 1-64, got 0"``), or None.
+
+        >>> Setting("group_size", int, False, 8, "", (1, 64), None, "--group-size", "group size").problem(0)
+        'group size must be 1-64, got 0'
+        """
         if value is None:
             return None if self.optional else f"{self.label} is required"
+        if self.kind is float and isinstance(value, float) and value != value:
+            return f"{self.label} must be a number, got nan"
         if self.choices is not None and value not in self.choices:
             return f"{self.label} must be one of {', '.join(map(str, self.choices))}, got {value!r}"
         if self.bounds is not None and self.kind in (int, float):
@@ -125,8 +131,10 @@ def add_arguments(ap: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             continue
         extra = f" [{_num(s.bounds[0])}, {_num(s.bounds[1])}]" if s.bounds else ""
         help_ = f"{s.help}{extra}; default {s.default!r}" if s.help else None
-        if s.kind is bool:
-            ap.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction, default=s.default, help=help_)
+        if s.kind is bool:  # --overlap, --overlap false (as a value), or --no-overlap
+            ap.add_argument(s.flag, dest=s.name, type=_parse_bool, nargs="?", const=True, default=s.default,
+                            metavar="true|false", help=help_)
+            ap.add_argument("--no-" + s.flag[2:], dest=s.name, action="store_false", help=argparse.SUPPRESS)
         elif s.kind is tuple:
             ap.add_argument(s.flag, dest=s.name, action="append", default=None, help=help_)
         else:

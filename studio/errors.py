@@ -16,3 +16,4 @@ class StudioError(Exception):
     """An error a user can cause; the message says what to do."""
 
     exit_code: int = BAD_INPUT
+    label: str = "error"  # what the command line prints before the message ("refused" for a refusal)

@@ -30,6 +30,7 @@ def test_settings_read_types_bounds_choices_and_flags():
 
 def test_problems_name_every_bad_setting():
     assert problems(Demo()) == []
+    assert problems(Demo(margin=float("nan"))) == ["margin must be a number, got nan"]
     bad = problems(Demo(n=0, temperature=9.0, estimator="ppo", margin=-1.0))
     assert bad == ["n must be 1-64, got 0", "temperature must be 0-5, got 9.0",
                    "margin must be at least 0, got -1.0", "estimator must be one of grpo, rloo, got 'ppo'"]
@@ -38,6 +39,8 @@ def test_problems_name_every_bad_setting():
 def test_command_line_round_trip():
     ap = argparse.ArgumentParser()
     add_arguments(ap, Demo)
+    assert from_arguments(Demo, ap.parse_args(["--overlap", "false"])).overlap is False  # a value, as before
+    assert from_arguments(Demo, ap.parse_args(["--overlap"])).overlap is True
     args = ap.parse_args(["--n", "4", "--no-overlap", "--estimator", "rloo", "--reward", "a", "--reward", "b",
                           "--margin", "0.5"])
     assert from_arguments(Demo, args) == Demo(n=4, overlap=False, estimator="rloo", rewards=("a", "b"), margin=0.5)

@@ -143,9 +143,9 @@ def test_pairs_within_a_prompt_dedupe_across_groups_and_a_second_build_adds_noth
 def test_bad_rules_and_versions_are_refused_with_what_to_change(lit):
     with pytest.raises(CurationError, match="pair rule must be one of"):
         build_pairs(lit, PairRule("longest"))
-    with pytest.raises(CurationError, match="length match must be 0-1, got"):
+    with pytest.raises(CurationError, match=r"length match \(a share\) must be 0-1, got 2.0"):
         build_pairs(lit, PairRule(length_match=2.0))
-    with pytest.raises(CurationError, match="per prompt cap must be at least 1, got 0"):
+    with pytest.raises(CurationError, match="per-prompt cap must be at least 1, got 0"):
         build_pairs(lit, PairRule(per_prompt_cap=0))
     with pytest.raises(CurationError, match="no reward version 'nope@1'"):
         build_pairs(lit, rule_version_id="nope@1")

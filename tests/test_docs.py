@@ -82,7 +82,7 @@ def test_every_dotted_name_in_the_docs_exists():
     """A name the README or the map gives (``studio.queries.table.RolloutFilter``) is one a reader can import."""
     names = set(re.findall(r"\b((?:studio|backends|widgets)\.[A-Za-z_][\w.]*[A-Za-z_\d])", README + ARCH))
     names = {n for n in names if not n.startswith(("studio.duckdb", "studio.prefix", "studio.completions",
-                                                     "studio.choices", "studio.app", "studio.api"))}
+                                                     "studio.choices"))}
     missing = sorted(n for n in names if not _resolves(n))
     assert not missing, f"the docs name what the code does not have: {missing}"
 

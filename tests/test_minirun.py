@@ -266,7 +266,7 @@ def test_the_cli_trains_and_names_bad_settings(tmp_path, capsys):
     assert "no studio store at" in capsys.readouterr().err and not os.path.exists(db)
     Store.open(db).close()
     assert minirun_cli.main(["--db", db, "--group-size", "1"]) == 2
-    assert "group size must be 2-64, got 1" in capsys.readouterr().out
+    assert "error: group size must be 2-64, got 1" in capsys.readouterr().err
     assert minirun_cli.main(["--db", db, "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
                              "--name", "from the cli"]) == 0
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ the prefix both share), chosen and rejected side by side with their token strips
 components, accept / reject / swap / note / previous / next, with single-key shortcuts and
 a progress bar; a stale pair (a rollout deleted or re-scored since) is flagged. Rollouts
 selected in the table or the group view become a hand-picked pair in two clicks. *Export*:
-format, style and file type, written by ``studio.curation.export.export_bytes`` (provenance in the
+format, style and file type, written by ``studio.curation.writer.export_bytes`` (provenance in the
 store and in the file's sidecar) and offered as a download.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ import param
 
 from studio import curation, queries
 from studio.configs import settings_of
-from studio.curation.export import FILETYPES, export_download
 from studio.curation.formats import FORMATS, STYLES
 from studio.curation.provenance import exports
+from studio.curation.writer import FILETYPES, export_download
 from studio.queries import lookups
 
 from .base.clickable import KeyShortcuts

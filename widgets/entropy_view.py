@@ -5,7 +5,7 @@ the fork threshold and the share of tokens at or above it, mean entropy by posit
 reasoning step, and forks per rollout for correct versus incorrect completions.
 
 The comparison teacher-forces the shown rollouts through a second policy (in the worker,
-``studio.queries.forks.score_with``) and lists the tokens whose entropy changed most: with an
+``studio.runs.compare.score_with``) and lists the tokens whose entropy changed most: with an
 earlier checkpoint as the second policy, that is where training moved the model.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ while it trains, and fill in the token statistics its framework did not log.
 
 Import: a path on the server (a run's folder or its files) or files picked in the browser
 (uploaded into ``<store folder>/uploads``); the format is detected or picked; a generic
-file takes a column mapping generated from ``studio.ingest.importers.ColumnMapping``. Malformed
+file takes a column mapping generated from ``studio.ingest.formats.ColumnMapping``. Malformed
 lines abort the import (nothing written) or are skipped, and each is listed with its file
 and line. "Keep watching" leaves a tailer polling the folder: new shards and appended
 lines become rollouts of the same run, and every open page refreshes when they land.

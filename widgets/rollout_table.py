@@ -146,7 +146,7 @@ class RolloutTable(pn.viewable.Viewer):
         return n_rows, queries.rollout_count(self.state.store)
 
     def _run_labels(self) -> dict[str, str]:
-        """Label -> run id of every run, as the run picker lists them (``state.run_labels``)."""
+        """Label -> run id of every run, as the run picker lists them (the run labels preloaded under ``("run_labels",)``)."""
         return run_labels(queries.runs(self.state.store))
 
     def _update_choices(self) -> None:

@@ -8,7 +8,7 @@ line (:mod:`studio.face.cli.curate`):
 - :mod:`~studio.curation.stale`: which stored pairs were deleted or re-scored since;
 - :mod:`~studio.curation.review`: the review queue and the decisions on pairs;
 - :mod:`~studio.curation.formats`: TRL's preference, unpaired and stepwise rows of the pairs;
-- :mod:`~studio.curation.export`: writing them as JSONL, Parquet or a ``datasets`` folder;
+- :mod:`~studio.curation.writer`: writing them as JSONL, Parquet or a ``datasets`` folder;
 - :mod:`~studio.curation.provenance`: the sidecar and the stored exports;
 - :mod:`~studio.curation.errors`: the errors a request can raise.
 
@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from studio.curation.build import BuildResult, build_pairs, default_version
 from studio.curation.errors import CurationError, NothingToExport, StalePairsError
-from studio.curation.export import FILETYPES, ExportResult, export, export_bytes, filetype_of, versioned_path
 from studio.curation.formats import FORMATS, STYLES
 from studio.curation.provenance import export_provenance, exports, sidecar_of
 from studio.curation.review import accept, builds, decide, hand_pick, progress, queue, reject, set_note, swap
 from studio.curation.rules import LEVELS, RULES, STATUSES, PairRule
 from studio.curation.stale import stale_pairs
+from studio.curation.writer import FILETYPES, ExportResult, export, export_bytes, filetype_of, versioned_path
 
 __all__ = ["FILETYPES", "FORMATS", "LEVELS", "RULES", "STATUSES", "STYLES", "BuildResult", "CurationError",
            "ExportResult", "NothingToExport", "PairRule", "StalePairsError", "accept", "build_pairs", "builds",

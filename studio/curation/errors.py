@@ -16,12 +16,14 @@ class NothingToExport(CurationError):
     """The export would write no rows."""
 
     exit_code = NOT_DONE
+    label = "refused"
 
 
 class StalePairsError(CurationError):
     """Accepted pairs whose rollouts were deleted or re-scored; ``stale`` lists them."""
 
     exit_code = NOT_DONE
+    label = "refused"
 
     def __init__(self, message: str, stale: pd.DataFrame):
         super().__init__(message)

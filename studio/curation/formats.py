@@ -11,7 +11,7 @@ in the standard style (strings) or the conversational one (lists of ``role`` / `
 messages). :func:`_selection_sql` reads the accepted pairs as exported (swaps applied, step
 pairs' shared prefix in the prompt, staleness); :func:`_rows_sql` shapes the registered
 ``_sel`` pairs into one format's rows; :func:`_step_source` picks the step-reward source of
-stepwise labels. :mod:`studio.curation.export` writes the rows.
+stepwise labels. :mod:`studio.curation.writer` writes the rows.
 """
 from __future__ import annotations
 

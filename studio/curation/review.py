@@ -4,7 +4,7 @@ the decisions stored on a pair (:func:`decide`, :func:`accept`, :func:`reject`, 
 
 A decision sets a pair's status (pending / accepted / rejected), its order (a swap reverses
 chosen and rejected in exports) or its note; accepted pairs are what
-:mod:`studio.curation.export` writes. The queue shows each pair as it would be exported, with
+:mod:`studio.curation.writer` writes. The queue shows each pair as it would be exported, with
 its staleness (:mod:`studio.curation.stale`).
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def decide(store: Store, status: str, pair_ids: Iterable[str] | None = None, *, 
 
 def accept(store: Store, pair_ids: Iterable[str] | None = None, *, build_id: str | None = None,
            reviewer: str | None = None, only_pending: bool = False) -> int:
-    """Accept pairs: they are what :func:`~studio.curation.export.export` writes."""
+    """Accept pairs: they are what :func:`~studio.curation.writer.export` writes."""
     return decide(store, "accepted", pair_ids, build_id=build_id, reviewer=reviewer, only_pending=only_pending)
 
 

@@ -31,12 +31,13 @@ class PairRule:
     level: str = setting("completion", "completion: sets are groups of sampled completions; step: sets are fork "
                          "siblings (same prefix, different continuation)", choices=LEVELS)
     min_margin: float | None = setting(None, "keep pairs whose chosen reward exceeds the rejected one by at least "
-                                       "this (default: any positive margin; correct_vs_incorrect: no limit)", 0.0)
+                                       "this (default: any positive margin; correct_vs_incorrect: no limit)", 0.0,
+                                       label="min margin")
     length_match: float | None = setting(None, "keep pairs whose token lengths differ by at most this share of the "
                                          "longer one (0.2: within 20 percent), so length is not what is taught "
-                                         "(default: no limit)", 0.0, 1.0)
+                                         "(default: no limit)", 0.0, 1.0, label="length match (a share)")
     per_prompt_cap: int | None = setting(None, "at most this many pairs per prompt, largest margins first "
-                                         "(default: no cap)", 1)
+                                         "(default: no cap)", 1, label="per-prompt cap")
     dedupe: bool = setting(True, "identical completions (same prompt, same text) count once (the first made "
                            "stands for them), and the same two texts make one pair per prompt in either order, "
                            "stored pairs included (no A > B beside B > A)")
@@ -49,8 +50,6 @@ class PairRule:
     def validate(self) -> None:
         """Raise :class:`CurationError` naming every option outside its declared bounds or choices."""
         bad = problems(self)
-        if self.min_margin is not None and self.min_margin != self.min_margin:
-            bad.append("min_margin must be a number, got NaN")
         if not self.correct_component:
             bad.append("name the reward component that says a completion is correct")
         if bad:

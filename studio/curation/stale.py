@@ -3,7 +3,7 @@ total reward under the pair's version is no longer the one it was built with ('r
 
 :func:`_stale_sql` wraps a selection of pairs with that verdict (and the rollouts' texts, runs
 and policies, read on the way); :func:`stale_pairs` lists the stale ones. The review
-(:mod:`studio.curation.review`) flags them and :mod:`studio.curation.export` refuses them.
+(:mod:`studio.curation.review`) flags them and :mod:`studio.curation.writer` refuses them.
 :func:`_where`, the condition that picks stored pairs by status, build, kind or id, is shared
 with the review.
 """

@@ -43,7 +43,7 @@ from studio.store import Store, StoreError, default_db_path
 from studio.workers.sync import run_sync
 
 if TYPE_CHECKING:
-    from studio.curation.export import ExportResult
+    from studio.curation.writer import ExportResult
     from studio.ingest.importers import ImportReport
     from studio.rewards.rules import ApplyResult
     from studio.runs.generation import GenerateResult
@@ -353,12 +353,12 @@ class Studio(StudioViews):
         """Write the accepted pairs in a TRL dataset format (``.jsonl``, ``.parquet``, or a
         ``datasets`` folder) with a provenance sidecar, as the Preference data tab does.
 
-        ``options`` are :func:`studio.curation.export.export`'s: ``overwrite``, ``skip_stale``,
+        ``options`` are :func:`studio.curation.writer.export`'s: ``overwrite``, ``skip_stale``,
         ``build_id``, ``kinds``, ``step_source``, ….
         """
         import inspect
 
-        from studio.curation.export import export
+        from studio.curation.writer import export
 
         arg_path("path", path)
         arg_text("format", format, optional=False)

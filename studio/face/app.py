@@ -1,4 +1,4 @@
-"""The served studio: composition only (the one module of ``studio`` that imports Panel).
+"""The served studio: the page's composition (the sidebar, the cards, the tabs of :mod:`studio.face.tabs`).
 
 ``create_app`` builds one browser session's page. The store is opened once per server
 process and shared by every session (one owner of the DuckDB file).

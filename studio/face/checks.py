@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 
 from studio.errors import StudioError
-
-CHANNELS = ("entropy", "logprob", "advantage", "weight")
+from widgets.base.style import CHANNELS  # one list of colour channels: the legend's
 
 
 class StudioAPIError(StudioError, ValueError):

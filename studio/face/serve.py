@@ -64,7 +64,7 @@ How a served studio holds under load and faults (kept true with the code):
   cannot shut its pool down). They run below the server's priority
   (``backends.device.yield_to_server``, niceness ``ROLLOUT_STUDIO_WORKER_NICE``, default 10):
   sampling, rules and training wait for pages when the cores are contended.
-- Session ids are signed (``launch.py``: ``sign_sessions``, a key made per start): a request that
+- Session ids are signed (``studio.face.serve.main``: ``pn.serve(sign_sessions=True)``, a key made per start): a request that
   names its own session id gets 403, so no one can pick or reuse another page's session.
 - The server process never imports torch: models load in the worker.
 - One store per server process, shared by all sessions; each session has its own

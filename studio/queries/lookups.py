@@ -38,8 +38,8 @@ def first_rollout_at_step(store: Store, run_id: str, step: int) -> str | None:
 
 def critic_versions(store: Store) -> list[str]:
     """Versions in ``token_scores`` that carry critic values (``value``)."""
-    return [r[0] for r in store.cursor().execute(
-        "SELECT DISTINCT policy_version FROM token_scores WHERE value IS NOT NULL ORDER BY 1").fetchall()]
+    return store.df("SELECT DISTINCT policy_version FROM token_scores WHERE value IS NOT NULL "
+                    "ORDER BY 1")["policy_version"].tolist()
 
 
 def rule_version_ids(store: Store) -> list[str]:

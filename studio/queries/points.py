@@ -28,12 +28,12 @@ from studio.store import Store
 
 @dataclass
 class ScoredGroup:
-    """One group scored as :func:`scored_rollouts_sql` scores the scope ``ro.group_id = ?``.
+    """One group scored as :func:`~studio.queries.scoring.scored_rollouts_sql` scores the scope ``ro.group_id = ?``.
 
     ``rows``: the group's rollouts in ``(sample_idx, rollout_id)`` order, each a dict of the
     scored columns, ``rule_version_id``, ``reward``, ``accuracy``, ``advantage`` (NULL as NaN for
     these three), ``prompt``, ``gold``, ``task``, ``run``, ``policy`` and ``components``, as
-    :func:`rollout` returns them; a rollout whose prompt or run row is missing is scored with its
+    :func:`~studio.queries.reads.rollout` returns them; a rollout whose prompt or run row is missing is scored with its
     group (``members``) but not listed, as the SQL joins them. ``tokens``: what a token-level
     estimator read per rollout, in position order (KL: ``pos, logprob, ref``; GAE: ``pos, value``),
     for :func:`studio.queries.credit.token_advantages`.
@@ -54,7 +54,7 @@ class ScoredGroup:
 def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: str | None = None,
                  credit: Credit | None = None, group_id: str | None = None) -> ScoredGroup:
     """The group of ``rollout_id`` (or ``group_id``) with rewards and advantages under ``credit``:
-    the rows :func:`scored_rollouts_sql` gives for ``ro.group_id = ?`` with ``components``, joined to
+    the rows :func:`~studio.queries.scoring.scored_rollouts_sql` gives for ``ro.group_id = ?`` with ``components``, joined to
     their prompt and run, from point reads (see :class:`ScoredGroup`)."""
     credit = credit or Credit()
     if group_id is None:
@@ -206,7 +206,7 @@ def _reward_rows(store: Store, ids: list[str], rule_version_id: str | None) -> l
 
 
 def _picked(rewards: list[tuple], rule_version_id: str | None) -> dict[str, dict]:
-    """``{rollout_id: {rule_version_id, reward, accuracy, components}}``: what :func:`picked_sql` (with
+    """``{rollout_id: {rule_version_id, reward, accuracy, components}}``: what :func:`~studio.queries.scoring.picked_sql` (with
     ``components``) picks from these reward rows (:func:`_reward_rows`'s, each with its version's
     ``created_at`` after them: NULL for a version missing from ``rule_versions``)."""
     per: dict[tuple, list[tuple]] = {}
@@ -275,7 +275,7 @@ def _token_rows(store: Store, sql: str, params: list) -> dict[str, list[dict]]:
 
 
 def _kl_first(store: Store, members: list[dict], credit: Credit) -> tuple[list, dict]:
-    """KL in the reward, first token, as :func:`scored_rollouts_sql`: G_0 = R - β·Σ_t (log π - log π_ref)
+    """KL in the reward, first token, as :func:`~studio.queries.scoring.scored_rollouts_sql`: G_0 = R - β·Σ_t (log π - log π_ref)
     when every token has a reference log-prob (the FLOAT difference taken by DuckDB, as there), and
     A_0 = G_0 - mean over the group of G_0. Also returns the tokens read."""
     ids = [m["rollout_id"] for m in members]
@@ -296,7 +296,7 @@ def _kl_first(store: Store, members: list[dict], credit: Credit) -> tuple[list, 
 
 
 def _gae_first(store: Store, members: list[dict], credit: Credit) -> tuple[list, dict]:
-    """GAE's first-token advantage, as :func:`scored_rollouts_sql`: A_0 = Σ_t (γλ)^t δ_t + (γλ)^T·R over
+    """GAE's first-token advantage, as :func:`~studio.queries.scoring.scored_rollouts_sql`: A_0 = Σ_t (γλ)^t δ_t + (γλ)^T·R over
     the critic's values (each term taken by DuckDB, in its types), NULL unless every token has a value.
     Also returns the values read."""
     ids = [m["rollout_id"] for m in members]
@@ -322,7 +322,7 @@ def _gae_first(store: Store, members: list[dict], credit: Credit) -> tuple[list,
 
 
 def _listed(members: list[dict]) -> list[dict]:
-    """The members with a prompt and a run row, as :func:`rollout` returns them, in sample order."""
+    """The members with a prompt and a run row, as :func:`~studio.queries.reads.rollout` returns them, in sample order."""
     rows = []
     for m in members:
         if m["_prompt"] is None or m["_run"] is None:

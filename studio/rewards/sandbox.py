@@ -163,12 +163,12 @@ def _init_worker(memory_mb: int) -> None:
     import resource
 
     from backends.device import yield_to_server
-    from studio.workers.pool import _exit_with_parent
+    from studio.workers.processes import exit_with_parent
 
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     yield_to_server()
-    _exit_with_parent()
+    exit_with_parent()
 
 
 # ---------------------------------------------------------------------------- in the worker

@@ -1,4 +1,4 @@
-"""Worker processes for heavy work: the pool (:mod:`studio.workers.pool`) and the jobs it runs
+"""Worker processes for heavy work: the pool (:mod:`studio.workers.processes`) and the jobs it runs
 (:mod:`studio.workers.jobs`); policy references and token texts (:mod:`studio.workers.vocab`);
 coroutines run from synchronous code (:mod:`studio.workers.sync`).
 
@@ -18,7 +18,7 @@ from studio.workers.jobs import (
     value_job,
     warm_job,
 )
-from studio.workers.pool import pool, reset_pool, warm
+from studio.workers.processes import pool, reset_pool, warm
 
 __all__ = ["TokenizerMismatch", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
            "pool", "prm_job", "reset_pool", "sample_job", "score_job", "value_job", "warm", "warm_job"]

@@ -1,4 +1,4 @@
-"""The jobs the worker pool runs (:func:`studio.workers.pool.pool`): sample, branch, score,
+"""The jobs the worker pool runs (:func:`studio.workers.processes.pool`): sample, branch, score,
 enrich, answer probabilities, process rewards, values, warm-up.
 
 Each job loads its model inside the worker (cached there by ``backends.load_policy``), and

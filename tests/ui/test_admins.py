@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from .conftest import Server
-from .test_app import text
+from .harness import Server, text
 
 pytestmark = pytest.mark.ui
 

@@ -10,44 +10,13 @@ from playwright.sync_api import expect
 
 from studio.store.runs import start_run
 
-from .conftest import Server, studio_page
+from .harness import Server, open_row, rollouts_total, start_generate, strip_text, studio_page, text, wait_text
 
 pytestmark = pytest.mark.ui
 
 
-DEEP_TEXT = """el => {
-  const walk = n => {
-    let t = n.shadowRoot ? walk(n.shadowRoot) : "";
-    for (const c of n.childNodes) t += c.nodeType === 3 ? c.textContent : walk(c);
-    return t;
-  };
-  return walk(el);
-}"""
-
-
-def text(locator) -> str:
-    """Text of an element including its shadow roots (Panel renders into shadow DOM)."""
-    return locator.first.evaluate(DEEP_TEXT)
-
-
-def wait_text(page, locator, needle: str, timeout_s: float = 20) -> str:
-    """Poll the shadow-DOM text of ``locator`` until it contains ``needle``."""
-    deadline = time.time() + timeout_s
-    while True:
-        got = text(locator)
-        if needle in got or time.time() > deadline:
-            assert needle in got, f"{needle!r} not in {got!r}"
-            return got
-        page.wait_for_timeout(200)
-
-
 def strip_colours(page) -> list[str]:
     return page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.style.background)")
-
-
-def open_row(page, n: int) -> None:
-    page.locator(".tabulator-row").nth(n).click()
-    page.wait_for_selector(".token-strip .tok", timeout=20_000)
 
 
 SHEET_LINKS = """() => {
@@ -82,11 +51,6 @@ def test_page_loads_with_table_legend_and_no_traceback(page):
     assert page.get_by_text("Select a rollout in the table").is_visible()
     assert page.locator(".token-strip .tok").count() == 0
     assert "Traceback" not in page.content()
-
-
-def strip_text(page) -> str:
-    toks = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
-    return "".join(t for t in toks if t != "<eos>")
 
 
 TABS = {  # each lower tab, and an element only its view draws
@@ -246,20 +210,6 @@ def test_typed_prompt_that_cannot_be_parsed_is_reported(page, server):
     assert text(page.locator(".table-count")) == before
 
 
-def rollouts_total(page) -> int:
-    return int(re.search(r"of ([\d,]+) rollouts", text(page.locator(".table-count"))).group(1).replace(",", ""))
-
-
-def start_generate(page, group_size: int, typed: str | None = None, fresh: int | None = None) -> None:
-    """Fill the Generate form as a person does (typing, then leaving each field) and press it."""
-    fields = [(".typed-prompts textarea", typed), (".fresh-prompts input", fresh), (".group-size input", group_size)]
-    for selector, value in fields:
-        if value is not None:
-            page.locator(selector).fill(str(value))
-            page.locator(selector).press("Tab")
-    page.locator(".generate-button button").click()
-
-
 def test_generate_adds_rows_while_the_page_stays_responsive(page):
     total = rollouts_total(page)
     open_row(page, 0)
@@ -294,10 +244,10 @@ def hostile_server(tmp_path_factory):
     task = get_task("arithmetic")
     prompt = task.parse_prompt("Q: 1+1=")
     gens = []
-    for i, text in enumerate(NASTY):
-        pieces = [text[j:j + 5] for j in range(0, len(text), 5)]
+    for i, nasty in enumerate(NASTY):
+        pieces = [nasty[j:j + 5] for j in range(0, len(nasty), 5)]
         T = len(pieces)
-        gens.append(Generation(0, i, prompt.text, text, np.arange(T), pieces, np.full(T, -0.5, np.float32),
+        gens.append(Generation(0, i, prompt.text, nasty, np.arange(T), pieces, np.full(T, -0.5, np.float32),
                                np.full(T, 0.3, np.float32), np.zeros((T, 5), np.int64) + 7,
                                np.full((T, 5), -1.0, np.float32), "stop"))
     run = start_run(store, "import", "hostile <b>run</b>", "sample", "arithmetic", {})

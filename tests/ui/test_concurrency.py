@@ -7,8 +7,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from .conftest import studio_page
-from .test_app import open_row, rollouts_total, start_generate, strip_text, text
+from .harness import open_row, rollouts_total, start_generate, strip_text, studio_page, text
 
 pytestmark = pytest.mark.ui
 

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from .test_app import text, wait_text
-from .test_forks import open_sampled_row
+from .harness import open_sampled_row, text, wait_text
 
 pytestmark = pytest.mark.ui
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from .test_app import text, wait_text
+from .harness import text, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -78,7 +78,7 @@ def picked(page, side: str) -> str:
 
 
 def test_hand_pick_two_completions_of_one_group(page):
-    from .test_app import open_row
+    from .harness import open_row
 
     open_row(page, 0)  # the table's first rollout, and its group in the group view
     page.locator(".lower-tabs .bk-tab", has_text="Preference data").click()

@@ -8,51 +8,16 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from .test_app import rollouts_total, text, wait_text
+from .harness import completion_text, open_sampled_row, rollouts_total, text, wait_strip, wait_text
 
 pytestmark = pytest.mark.ui
 
 AS_SAMPLED = "as sampled (draw again)"
 BRANCH_TIMEOUT_MS = 180_000  # the first request spawns the worker and loads the policy
 SHOWN_TO_TEXT = str.maketrans({"↵": "\n", "⇥": "\t", "␣": " "})  # undo the choice labels' whitespace marks
-STRIP_SPECIAL = {"↵": "\n", "⇥": "\t"}  # the strip shows these two tokens as marks
 
 
 # ---------------------------------------------------------------------------- reading the page
-
-def strip_tokens(page) -> list[tuple[int, str, str]]:
-    """(pos, text as stored, class) of every token in the strip."""
-    rows = page.locator(".token-strip .tok").evaluate_all(
-        "els => els.map(e => [+e.dataset.pos, e.firstChild.textContent, e.className])")
-    return [(pos, STRIP_SPECIAL.get(shown, shown), cls) for pos, shown, cls in rows]
-
-
-def completion_text(tokens: list[tuple[int, str, str]]) -> str:
-    """What the table and the tree show for a rollout: its tokens, ``<eos>``-like specials left out."""
-    return "".join(t for _, t, cls in tokens if not (t.startswith("<") and t.endswith(">") and len(t) > 2))
-
-
-def wait_strip(page, expected: str, timeout_s: float = 20) -> list[tuple[int, str, str]]:
-    """Poll until the strip shows the completion ``expected``; return its tokens."""
-    deadline = time.time() + timeout_s
-    while True:
-        toks = strip_tokens(page)
-        if completion_text(toks) == expected or time.time() > deadline:
-            assert completion_text(toks) == expected
-            return toks
-        page.wait_for_timeout(200)
-
-
-def open_sampled_row(page, nth: int) -> tuple[str, list[tuple[int, str, str]]]:
-    """Open the ``nth`` sampled (non-branch) rollout of the table's first page; return its
-    completion and its tokens once the strip shows it."""
-    rows = page.locator(".rollout-table .tabulator-row")
-    fork_cells = rows.locator("[tabulator-field=fork_pos]").all_inner_texts()
-    sampled = [i for i, f in enumerate(fork_cells) if not f.strip()]
-    row = rows.nth(sampled[nth])
-    completion = row.locator("[tabulator-field=completion]").inner_text()
-    row.click()
-    return completion, wait_strip(page, completion)
 
 
 def middle_fork(tokens: list[tuple[int, str, str]], after: int = -1) -> int:

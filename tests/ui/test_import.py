@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .test_app import text, wait_text
+from .harness import text, wait_text
 
 pytestmark = pytest.mark.ui
 

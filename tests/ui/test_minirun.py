@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from .conftest import studio_page
-from .test_app import wait_text
+from .harness import studio_page, wait_text
 
 pytestmark = pytest.mark.ui
 

@@ -9,8 +9,7 @@ import pytest
 
 from tests.fixtures import DEVICE, Backend
 
-from .conftest import Server, studio_page
-from .test_app import start_generate, text, wait_text
+from .harness import Server, start_generate, studio_page, text, wait_text
 
 pytestmark = pytest.mark.ui
 

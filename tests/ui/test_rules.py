@@ -8,7 +8,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from .test_app import text, wait_text
+from .harness import text, wait_text
 
 pytestmark = pytest.mark.ui
 

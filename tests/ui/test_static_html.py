@@ -101,7 +101,7 @@ def test_fork_tree_page_offers_nothing_only_the_server_can_do(s, tmp_path):
 
 def test_save_as_html_from_the_served_studio(browser, server, tmp_path):
     """The token strip card's *Save as HTML* downloads the shown rollout, its group or its tree."""
-    from .conftest import studio_page
+    from .harness import studio_page
 
     with studio_page(browser, server) as pg:
         assert pg.locator(".save-rollout button").is_disabled()  # nothing shown yet

@@ -19,8 +19,7 @@ from studio.store.records import new_ids
 from widgets.timeline_html import fmt_num, fmt_p
 from widgets.timeline_panel import N_MOVERS, WHOLE_RUN
 
-from .conftest import Server, studio_page
-from .test_app import strip_text, text, wait_text
+from .harness import Server, strip_text, studio_page, text, wait_text
 
 pytestmark = pytest.mark.ui
 

@@ -21,6 +21,11 @@ applied, a query, a health check) and gives it:
   :func:`failure` words an unexpected error the way every panel shows it.
 
 Outside a served page (a notebook, a script, a test) :meth:`Job.submit` runs at once.
+
+Not a job, on purpose: a click's read-ahead (``widgets.base.preload``: its own four threads, so
+twenty pages' clicks do not queue behind one Generate), and the pollers that only look
+(``pn.state.add_periodic_callback`` of the Generate panel's progress and the mini-run panel's
+status, once a second per page).
 """
 from __future__ import annotations
 

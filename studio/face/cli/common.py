@@ -26,8 +26,8 @@ def exit_code(exc: BaseException) -> int:
 
 
 def command(main: Callable[..., int]) -> Callable[..., int]:
-    """A subcommand's ``main``: what it raises becomes one ``error: …`` line on stderr and its exit
-    code (:func:`exit_code`), never a traceback for a user's mistake; Ctrl-C is 130."""
+    """A subcommand's ``main``: what it raises becomes one ``error: …`` (or ``refused: …``) line on
+    stderr and its exit code (:func:`exit_code`), never a traceback for a user's mistake; Ctrl-C is 130."""
     from backends.types import PolicyLoadError
     from studio.errors import StudioError
 
@@ -38,8 +38,8 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return INTERRUPTED
-        except (StudioError, PolicyLoadError, OSError) as exc:
-            _err(str(exc))
+        except (StudioError, PolicyLoadError, OSError, ValueError) as exc:
+            print(f"{getattr(exc, 'label', 'error')}: {exc}", file=sys.stderr)
             return exit_code(exc)
 
     return run

@@ -9,18 +9,15 @@ from studio.curation import (
     FILETYPES,
     FORMATS,
     STYLES,
-    CurationError,
-    NothingToExport,
     PairRule,
-    StalePairsError,
     build_pairs,
     builds,
     decide,
     export,
     progress,
 )
-from studio.face.cli.common import PROG, command
-from studio.store import Store, StoreError
+from studio.face.cli.common import PROG, _db_argument, command
+from studio.store import Store
 
 COMMAND = "curate"
 
@@ -46,7 +43,7 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
 
 def run_export(store: Store, args: argparse.Namespace) -> int:
     """Export as :func:`add_export_arguments`' options say; prints what was written. Raises
-    what :func:`studio.curation.export.export` raises (the caller maps it to an exit code)."""
+    what :func:`studio.curation.writer.export` raises (the caller maps it to an exit code)."""
     res = export(store, args.out, args.format, args.style, args.filetype, overwrite=args.overwrite,
                  skip_stale=args.skip_stale, build_id=args.build, kinds=args.kind, step_source=args.step_source,
                  step_threshold=args.step_threshold, answer_step=args.answer_step, conflicts=args.conflicts)
@@ -59,7 +56,6 @@ def run_export(store: Store, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
     """``python -m studio.curation {build,accept,reject,status,export} --db PATH ...`` (see the
     module's docstring); returns the exit code."""
-    from studio.store import default_db_path
 
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Build preference pairs from stored rollouts, review them, and export "
@@ -67,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p):
-        p.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
+        _db_argument(p)
         return p
 
     b = common(sub.add_parser("build", help="make pairs with a rule (stored as pending)"))
@@ -109,12 +105,6 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
                       f"{r.pending} pending, {r.accepted} accepted, {r.rejected} rejected")
             return 0
         return run_export(store, args)
-    except (NothingToExport, StalePairsError) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 1
-    except (CurationError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     finally:
         store.close()
 

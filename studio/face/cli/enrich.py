@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from studio.face.cli.common import PROG, command
+from studio.face.cli.common import PROG, _db_argument, command
 from studio.runs.enrich import enrich_sync
 from studio.store import Store
 
@@ -17,7 +17,6 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} enrich") -> int:
     import sys
 
     from backends.types import PolicyLoadError
-    from studio.store import default_db_path
 
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Fill in token ids, log-probs, entropy and top-k of stored rollouts "
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} enrich") -> int:
                                                     "(key in $ROLLOUT_STUDIO_API_KEY)")
     ap.add_argument("--run", default=None, help="only this run's rollouts (default: every rollout)")
     ap.add_argument("--batch", type=int, default=64, help="rollouts per worker call and per transaction")
-    ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
+    _db_argument(ap)
     args = ap.parse_args(argv)
     from studio.workers.vocab import resolve_policy
 

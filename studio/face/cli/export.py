@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from studio.face.cli.common import BAD_INPUT, FAILED, OK, PROG, _db_argument, _err, _open, _sample_policy, command
+from studio.face.cli.common import OK, PROG, _db_argument, _open, _sample_policy, command
+from widgets.base.style import CHANNELS
 
 COMMAND = "export"
 
@@ -25,12 +26,10 @@ def main(argv: list[str], prog: str = f"{PROG} export") -> int:
     one.add_argument("--rollout", help="a rollout id: its token strip")
     one.add_argument("--group", help="a group id (or a prompt id: its newest group): every completion")
     one.add_argument("--fork-tree", help="a rollout id: its strip and its tree of branches")
-    html.add_argument("--channel", default="entropy", choices=("entropy", "logprob", "advantage", "weight"),
+    html.add_argument("--channel", default="entropy", choices=CHANNELS,
                       help="what colours the tokens")
     args = ap.parse_args(argv)
 
-    from studio.curation.errors import CurationError, NothingToExport, StalePairsError
-    from studio.store import StoreError
 
     store = _open(args.db)
     try:
@@ -42,15 +41,6 @@ def main(argv: list[str], prog: str = f"{PROG} export") -> int:
             print(f"wrote {path}")
             return OK
         return run_export(store, args)
-    except (NothingToExport, StalePairsError) as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return FAILED
-    except (CurationError, StoreError, OSError) as exc:  # StudioAPIError is a ValueError like CurationError
-        _err(exc)
-        return BAD_INPUT
-    except ValueError as exc:
-        _err(exc)
-        return BAD_INPUT
     finally:
         store.close()
 

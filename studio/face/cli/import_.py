@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from studio.configs import settings_of
-from studio.face.cli.common import PROG, command
+from studio.face.cli.common import PROG, _db_argument, command
 from studio.ingest.errors import ImportFormatError, MalformedInput
 from studio.ingest.formats import FORMATS, ColumnMapping
 from studio.ingest.importers import import_run
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
     """``python -m studio.importers PATH... [--format F] [--map field=column ...] [--skip-bad] [--tail]``."""
     import argparse
 
-    from studio.store import StoreError, default_db_path
+    from studio.store import StoreError
 
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Import the rollouts of a training run (TRL, verl, OpenRLHF / "
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
     ap.add_argument("--skip-bad", action="store_true", help="skip malformed records (default: import nothing)")
     ap.add_argument("--name", default=None, help="the run's name (default: the directory or file name)")
     ap.add_argument("--task", default="import", help="the task the prompts belong to")
-    ap.add_argument("--db", default=str(default_db_path()), help="the studio's DuckDB store")
+    _db_argument(ap)
     ap.add_argument("--tail", action="store_true", help="keep importing new steps of one directory until Ctrl-C")
     ap.add_argument("--interval", type=float, default=2.0, help="--tail: seconds between looks")
     args = ap.parse_args(argv)

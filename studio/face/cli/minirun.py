@@ -8,8 +8,8 @@ import time
 
 from studio.configs import add_arguments, from_arguments
 from studio.face.cli.common import PROG, _db_argument, _open, command
-from studio.runs.minirun import MiniRunBusy, metrics, resume, start, state_of, stop, wait
-from studio.runs.training import MiniRunConfig, TrainConfigError
+from studio.runs.minirun import metrics, resume, start, state_of, stop, wait
+from studio.runs.training import MiniRunConfig
 
 COMMAND = "minirun"
 
@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
         else:
             cfg = from_arguments(MiniRunConfig, args)
             run_id = start(store, cfg, name=args.name)
-    except (TrainConfigError, MiniRunBusy, OSError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
+    except BaseException:
+        store.close()
+        raise
     st, shown = state_of(run_id), 0
     try:
         shown = st.first_step - 1

@@ -9,7 +9,7 @@ training itself runs in a process of its own (:mod:`studio.runs.training`).
 - :mod:`~studio.runs.minirun.steps`: the reader thread that stores each step the training
   process sends, whole or not at all (:func:`write_step`), and marks how the run ended;
 - :mod:`~studio.runs.minirun.reads`: the stored runs, metrics, summaries and checkpoints;
-- :mod:`~studio.runs.minirun.evaluate`: held-out evaluation of a policy in the worker pool.
+- :mod:`~studio.runs.minirun.evaluation`: held-out evaluation of a policy in the worker pool.
 
 A killed training process (even SIGKILL) leaves no partial step: the run is marked
 ``failed`` with the reason, and :func:`resume` restarts it from its last checkpoint
@@ -17,7 +17,7 @@ A killed training process (even SIGKILL) leaves no partial step: the run is mark
 ``<store folder>/checkpoints/<run_id>/step-k``; :func:`checkpoints` lists them so every
 policy picker can offer them.
 """
-from studio.runs.minirun.evaluate import evaluate
+from studio.runs.minirun.evaluation import evaluate
 from studio.runs.minirun.lifecycle import resume, start, stop
 from studio.runs.minirun.reads import (
     CURVES,

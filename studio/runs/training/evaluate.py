@@ -1,7 +1,7 @@
 """Held-out evaluation of a policy, in the worker pool: :func:`evaluate_job`.
 
 Accuracy (mean over k samples at temperature 1), pass@k, greedy accuracy, mean completion
-length and mean token entropy; the owner submits it (``studio.runs.minirun.evaluate``) on
+length and mean token entropy; the owner submits it (``studio.runs.minirun.evaluation``) on
 the held-out prompts (:func:`studio.runs.training.config.heldout_prompts`).
 """
 from __future__ import annotations

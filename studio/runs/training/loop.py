@@ -27,7 +27,7 @@ from studio.runs.training.config import MiniRunConfig
 from studio.runs.training.reward import RewardFn
 from studio.runs.training.sampler import OverlappedSampler
 from studio.signals import advantages as adv_mod
-from studio.workers.pool import _exit_with_parent
+from studio.workers.processes import exit_with_parent
 
 
 def _picked(prompts: list, order: np.ndarray, step: int, per_step: int) -> list:
@@ -51,7 +51,7 @@ def train_worker(cfg_dict: dict, policy_path: str, reward_spec: dict, prompts_js
     ``done`` (``stopped`` or ``finished``), ``error`` (message). ``stop`` (an Event) ends
     the run after the step in flight, with a checkpoint.
     """
-    _exit_with_parent(parent=parent_pid)
+    exit_with_parent(parent=parent_pid)
     try:
         _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir, start_step, resume_from,
                queue, stop)

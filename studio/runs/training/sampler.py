@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
-from studio.workers.pool import _exit_with_parent
+from studio.workers.processes import exit_with_parent
 
 
 def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
@@ -30,7 +30,7 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
     from backends import load_policy
     from backends.device import cpu_threads
 
-    _exit_with_parent(parent=parent_pid)
+    exit_with_parent(parent=parent_pid)
     try:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
         cfg = MiniRunConfig.from_dict(cfg_dict)

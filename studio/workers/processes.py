@@ -4,7 +4,7 @@ Heavy work (sampling, teacher forcing, reward and value models) runs in its work
 in the owner: the owner submits a job of :mod:`studio.workers.jobs` and writes what it
 returns. Models are cached inside the worker (``backends.load_policy``), so a second job
 on the same policy reuses the loaded weights; :func:`warm` loads one ahead of the first
-click. A worker ends with its owner (:func:`_exit_with_parent`), and a pool whose worker
+click. A worker ends with its owner (:func:`exit_with_parent`), and a pool whose worker
 died is dropped and started again (:func:`reset_pool`).
 """
 from __future__ import annotations
@@ -33,10 +33,10 @@ def _init_worker() -> None:
     yield_to_server()  # and the server goes first when the cores are contended
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle, not a traceback per worker
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in a notebook cell or a CLI's output
-    _exit_with_parent()
+    exit_with_parent()
 
 
-def _exit_with_parent(poll_s: float = 1.0, parent: int | None = None) -> None:
+def exit_with_parent(poll_s: float = 1.0, parent: int | None = None) -> None:
     """End this worker when its owner process is gone (killed by a signal, it cannot shut
     the pool down, and the worker would otherwise live on holding a model in memory).
 
