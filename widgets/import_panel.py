@@ -160,6 +160,7 @@ class ImportPanel(pn.viewable.Viewer):
         """(Re)fill the run and policy pickers and the tailers list (on first open and each refresh)."""
         if not self.can_run:
             return
+        self._draw_tails()  # first: it reads no store, so a slow read below cannot leave it stale
         store = self.state.store
         runs = enrich.runs_to_enrich(store)
         opts = {f"{r.name or r.run_id} · {r.kind} · {r.n:,} rollouts" + (f" ({r.bare:,} without tokens)" if r.bare else ""):
@@ -171,7 +172,6 @@ class ImportPanel(pn.viewable.Viewer):
         self._enrich_policy.options = pols
         if self._enrich_policy.value not in pols.values():
             self._enrich_policy.value = next(iter(pols.values()))
-        self._draw_tails()
 
     def _draw_tails(self) -> None:
         mine = tailers.tailers_of(self.state.store)
