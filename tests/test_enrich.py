@@ -126,3 +126,35 @@ def test_a_rollout_longer_than_the_policys_context_is_skipped_with_the_reason(tm
         assert store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ?", [long_id]) == 0
     finally:
         store.close()
+
+
+def test_a_rollout_without_token_rows_shows_its_text_not_a_crash(tmp_path, store_factory):
+    """An import of text only: the token strip, its advantages and the static HTML export answer
+    with the completion's text and say Enrich fills its tokens (they raised TypeError on n_tokens NULL)."""
+    import json
+
+    from studio.face.api import Studio
+    from studio.ingest.importers import import_run
+    from studio.queries import credit
+    from studio.signals.advantages import Credit
+    from widgets.base.state import StudioState
+    from widgets.token_strip import TokenStrip
+
+    (tmp_path / "run").mkdir()
+    rows = [{"input": "Q: 1+1=", "output": "1+1=2;A:2", "gts": "2", "score": 1.0, "step": 0},
+            {"input": "Q: 1+1=", "output": "1+1=3;A:3", "gts": "2", "score": 0.0, "step": 0}]
+    (tmp_path / "run" / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = store_factory("s.duckdb")
+    import_run(store, [tmp_path / "run"], "verl")
+    rid = store.scalar("SELECT rollout_id FROM rollouts WHERE text = '1+1=2;A:2'")
+    assert store.scalar("SELECT n_tokens FROM rollouts WHERE rollout_id = ?", [rid]) is None
+    view = credit.rollout_view(store, rid, Credit())
+    assert view.credit.values is None and "enrich" in view.credit.note
+    state = StudioState(store=store)
+    strip = TokenStrip(state=state)
+    state.open_rollout(rid)
+    shown = [p.object for p in vars(strip).values() if isinstance(getattr(p, "object", None), str)]
+    assert any("1+1=2;A:2" in o and "imported as text" in o for o in shown)
+    assert not any("None" in o for o in shown if "meta-line" in o)  # no "· None ·" for a missing finish reason
+    page = Studio(store, None).save_html(tmp_path / "r.html", rollout=rid)
+    assert "1+1=2;A:2" in page.read_text()

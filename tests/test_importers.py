@@ -432,7 +432,7 @@ def test_reimport_adds_only_what_is_new(store, tmp_path):
     more = import_run(store, d)
     assert (more.run_id, more.n_rollouts) == (first.run_id, 1)
     assert store.scalar("SELECT count(*) FROM rollouts") == 5
-    other = import_run(store, d, task="other")  # another request: another run
+    other = import_run(store, d, task="arithmetic")  # another request (another task): another run
     assert other.run_id != first.run_id and other.n_rollouts == 5
 
 
@@ -653,3 +653,21 @@ def test_fuzz_garbage_lines_raise_typed_errors_and_never_leave_partial_rows(tmp_
     n_good = sum(ok for ok, _ in lines)
     assert rep.n_rollouts >= n_good  # a junk line may happen to be a valid record
     assert rep.n_rollouts + rep.n_skipped == sum(1 for ok, j in lines if ok or j.strip())
+
+
+def test_an_unknown_task_is_refused_before_anything_is_written(tmp_path, store, capsys):
+    """``--task`` names a registered task or ``import``; a typo is refused with the known ones named,
+    the store unchanged and, from the command line, no store created."""
+    from studio.tasks import UnknownTaskError
+
+    d = tmp_path / "run"
+    d.mkdir()
+    write_jsonl(d / "0.jsonl", [{"input": "Q: 1+1=", "output": "1+1=2;A:2", "score": 1.0, "step": 0}])
+    before = fingerprint(store)
+    with pytest.raises(UnknownTaskError, match="unknown task 'gsm8k'; registered tasks: arithmetic"):
+        import_run(store, [d], "verl", task="gsm8k")
+    assert fingerprint(store) == before
+    assert import_run(store, [d], "verl", task="arithmetic").n_rollouts == 1  # a registered task is fine
+    db = tmp_path / "new.duckdb"
+    assert import_cli.main([str(d), "--db", str(db), "--format", "verl", "--task", "gsm8k"]) == 2
+    assert "unknown task 'gsm8k'" in capsys.readouterr().err and not db.exists()

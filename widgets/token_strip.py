@@ -386,11 +386,17 @@ class TokenStrip(pn.viewable.Viewer):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
         adv_label = "advantage" if ESTIMATORS[cr.estimator].level == "sequence" else "A₀"
         reward = "–" if ro["reward"] is None or pd.isna(ro["reward"]) else f"{ro['reward']:.3f}"
+        finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
         header = (
             f'<div class="meta-line"><span>prompt <b>{esc(ro["prompt"])}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b></span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
-            f'{comps}<span>{len(toks)} tokens · {esc(ro["finish_reason"])} · <b>{n_forks}</b> forks</span>{branch}'
+            f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> forks</span>{branch}'
             f'{step_line}</div>')
+        if toks.empty and ro.get("text"):  # imported as text only: show the text; Enrich fills its tokens
+            return legend, header, (f'<div class="strip">{esc(ro["text"])}</div>'
+                                    + banner("info", "This rollout was imported as text: it has no token rows yet. "
+                                                     "Enrich it (tab Import & enrich) to see its tokens, "
+                                                     "log-probs and entropy, and to branch from it."))
         strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),
                            fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
                            clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id)

@@ -29,6 +29,9 @@ from studio.ingest.read import ReadAhead, read_files
 from studio.ingest.write import Cancelled, Ctx, FileWriter, write_file, write_run
 from studio.store import Store, records
 from studio.store.shards import TokenSink
+from studio.tasks import UnknownTaskError, task_names
+
+IMPORT_TASK = "import"  # the task of prompts an import brings, unless it names a registered one
 
 MAX_PROBLEMS = 1000  # problems kept per import (all are counted)
 
@@ -76,8 +79,20 @@ def _file_state(cur, run_id: str) -> dict[str, int]:
                             [run_id]).fetchall())
 
 
+def check_task(task: str) -> None:
+    """Refuse a task an import cannot file its prompts under (a typo here broke whole-store scoring
+    later): a registered task, or :data:`IMPORT_TASK`.
+
+    Raises:
+        UnknownTaskError: naming the registered tasks.
+    """
+    if task != IMPORT_TASK and task not in task_names():
+        raise UnknownTaskError(f"unknown task {task!r}; registered tasks: {', '.join(task_names())} "
+                               f"(or {IMPORT_TASK!r}: the prompts of an imported run as they are)")
+
+
 def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *, mapping: ColumnMapping | None = None,
-               on_error: str = "abort", name: str | None = None, task: str = "import", run_id: str | None = None,
+               on_error: str = "abort", name: str | None = None, task: str = IMPORT_TASK, run_id: str | None = None,
                progress: Callable[[int, int], None] | None = None, cancel: threading.Event | None = None,
                tail: bool = False) -> ImportReport:
     """Import rollouts from files or run directories, in one transaction.
@@ -102,6 +117,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
     t0 = time.perf_counter()
     if on_error not in ("abort", "skip"):
         raise ValueError(f"on_error must be 'abort' or 'skip', not {on_error!r}")
+    check_task(task)
     roots = [Path(p).expanduser().resolve() for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
     if not roots:
         raise ImportFormatError("no paths to import")

@@ -63,8 +63,10 @@ def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version
     row = scored.row(rollout_id)
     if row is None:
         return TokenCredit(None, None, "rollout not in this store")
-    n = int(row["n_tokens"])
     seq = None if pd.isna(row["advantage"]) else float(row["advantage"])
+    if pd.isna(row["n_tokens"]):  # imported as text only: no token rows until Enrich fills them
+        return TokenCredit(None, seq, "no token rows: enrich this rollout to see its tokens")
+    n = int(row["n_tokens"])
     if credit.estimator == "kl":  # every completion of the group: the baseline is their mean return
         members = {m["rollout_id"]: m for m in scored.members}
         parts, ids, gids = [], [], []

@@ -18,6 +18,7 @@ these same functions. Light on imports: it runs in the sandbox's worker processe
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 __all__ = ["format_ok", "answer_correct", "numeric_match", "math_match", "steps_correct", "length_penalty",
@@ -63,6 +64,11 @@ def math_match(answer, gold) -> float:
     (1.0, 1.0, 1.0)
     >>> math_match("41", "42"), math_match(None, "1"), math_match("", "1")
     (0.0, 0.0, 0.0)
+
+    Words around the number are free text, not a product of symbols:
+
+    >>> math_match("72 clips", "72"), math_match("So the total is 72", "72"), math_match("x^2+1", "1+x^2")
+    (1.0, 1.0, 1.0)
     """
     if answer is None or gold is None or not str(answer).strip():
         return 0.0
@@ -74,7 +80,11 @@ def math_match(answer, gold) -> float:
 
     def latex(x) -> str:
         s = str(x).strip()
-        return s if "$" in s or "\\boxed" in s else f"${s}$"
+        if "$" in s or "\\boxed" in s:
+            return s
+        if "\\" not in s and re.search(r"[A-Za-z]{2,}", s):
+            return s  # free text ("72 clips"): math-verify finds the answer in it, as it is
+        return f"${s}$"  # plain math ("x^2+1", "2\\sqrt{2}") is read as LaTeX
 
     g, a = parse(latex(gold), parsing_timeout=None), parse(latex(answer), parsing_timeout=None)
     if not g or not a:

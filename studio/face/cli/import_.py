@@ -9,8 +9,9 @@ from studio.configs import settings_of
 from studio.face.cli.common import PROG, _db_argument, command
 from studio.ingest.errors import ImportFormatError, MalformedInput
 from studio.ingest.formats import FORMATS, ColumnMapping
-from studio.ingest.importers import import_run
+from studio.ingest.importers import check_task, import_run
 from studio.store import Store
+from studio.tasks import UnknownTaskError
 
 COMMAND = "import"
 
@@ -48,8 +49,9 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
         missing = [p for p in args.paths if not Path(p).expanduser().exists()]
         if missing:  # checked before the store is opened: a typo makes no store
             raise ValueError(f"no such file or directory: {', '.join(missing)}")
+        check_task(args.task)
         store = Store.open(args.db)
-    except (OSError, ValueError, RuntimeError, StoreError) as exc:  # RuntimeError: '~nouser' in a path
+    except (OSError, ValueError, RuntimeError, StoreError, UnknownTaskError) as exc:  # RuntimeError: '~nouser'
         return refuse(str(exc))
     on_error = "skip" if args.skip_bad else "abort"
     try:
