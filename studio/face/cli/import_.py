@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
                          + ", ".join(s.name for s in settings_of(ColumnMapping)))
     ap.add_argument("--skip-bad", action="store_true", help="skip malformed records (default: import nothing)")
     ap.add_argument("--name", default=None, help="the run's name (default: the directory or file name)")
-    ap.add_argument("--task", default="import", help="the task the prompts belong to")
+    ap.add_argument("--task", default="import", help="the task the prompts belong to: a registered one, or 'import' "
+                    "(the prompts as they are); anything else is refused")
     _db_argument(ap)
     ap.add_argument("--tail", action="store_true", help="keep importing new steps of one directory until Ctrl-C")
     ap.add_argument("--interval", type=float, default=2.0, help="--tail: seconds between looks")
