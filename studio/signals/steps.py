@@ -22,10 +22,6 @@ SEGMENTERS = ("task", "delimiter", "regex", "newline", "tag")
 AGGREGATES = ("min", "mean", "sum", "last")
 
 
-BANDS = ((0.0, 0.0, "never solved"), (0.0, 0.35, "hard"), (0.35, 0.65, "medium"), (0.65, 1.0, "easy"),
-         (1.0, 1.0, "always solved"))
-
-
 @dataclass(frozen=True)
 class Segmenter:
     """How a completion splits into steps.
