@@ -37,8 +37,6 @@ from studio.workers.sync import run_sync
 from studio.workers.vocab import policy_label, resolve_policy
 
 MAX_BRANCHES = 64  # completions per request (choices x n)
-
-
 MAX_DEPTH = 6  # a branch of a branch of ... of a sampled rollout
 
 

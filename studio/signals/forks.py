@@ -16,8 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_Q = 0.2
-
-
 SCOPES = {"run": "this rollout's run", "step": "this rollout's training step", "filter": "the table's filter"}
 
 

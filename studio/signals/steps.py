@@ -17,8 +17,6 @@ import numpy as np
 from studio.signals.advantages import EQUAL_TOL
 
 SEGMENTERS = ("task", "delimiter", "regex", "newline", "tag")
-
-
 AGGREGATES = ("min", "mean", "sum", "last")
 
 
