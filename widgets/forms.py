@@ -68,5 +68,7 @@ def form_values(cls: type, widgets: dict[str, pn.widgets.Widget]) -> dict[str, A
             v = tuple(x.strip() for x in str(v).split(",") if x.strip())
         elif s.kind is float and isinstance(v, str):
             v = float(v) if v.strip() else None
+        elif s.kind is str and isinstance(v, str):
+            v = v.strip()
         out[s.name] = v
     return out

@@ -25,7 +25,7 @@ from studio.runs import enrich
 from studio.runs.registry import known_policies
 from studio.store import StoreError
 from studio.workers.vocab import PolicyLoadError
-from widgets.forms import widget_for
+from widgets.forms import form_values, widget_for
 
 from .base.jobs import Job
 from .base.state import StudioState
@@ -222,12 +222,7 @@ class ImportPanel(pn.viewable.Viewer):
     def _mapping_value(self):
         if self._format.value != "generic":
             return None
-        given = {}
-        for name, w in self._mapping.items():
-            v = w.value.strip()
-            if v:
-                given[name] = tuple(x.strip() for x in v.split(",") if x.strip()) if name == "rewards" else v
-        return importers.ColumnMapping(**given)
+        return importers.ColumnMapping(**form_values(importers.ColumnMapping, self._mapping))
 
     async def _on_import(self, event=None) -> None:
         if self.running:
