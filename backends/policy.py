@@ -274,7 +274,10 @@ def _to_generations(tokenizer, rows, n, out_ids, out_lp, out_ent, out_tki, out_t
     len_np, done_np = lengths.cpu().numpy(), done.cpu().numpy()
     seqs = [ids_np[b, :int(len_np[b])].tolist() for b in range(len(rows))]
     texts = token_texts(tokenizer, seqs)
-    full = tokenizer.batch_decode(seqs, skip_special_tokens=True)
+    # the text is the tokens as decoded, special ones included (a <think> tag, a role marker), but
+    # without the stop token that ended it: the token rows and the text read the same
+    full = tokenizer.batch_decode([s[:-1] if done_np[b] and s else s for b, s in enumerate(seqs)],
+                                  skip_special_tokens=False)
     gens = []
     for b, prompt in enumerate(rows):
         L = int(len_np[b])

@@ -9,7 +9,7 @@ task = get_task("arithmetic")
 
 def test_registry_knows_the_sample_task():
     assert "arithmetic" in task_names()
-    with pytest.raises(KeyError, match="registered tasks: .*arithmetic"):
+    with pytest.raises(KeyError, match="known tasks: .*arithmetic"):
         get_task("chess")
 
 

@@ -81,14 +81,14 @@ def _file_state(cur, run_id: str) -> dict[str, int]:
 
 def check_task(task: str) -> None:
     """Refuse a task an import cannot file its prompts under (a typo here broke whole-store scoring
-    later): a registered task, or :data:`IMPORT_TASK`.
+    later): a known task (built in, or one the store defines), :data:`IMPORT_TASK` among them.
 
     Raises:
-        UnknownTaskError: naming the registered tasks.
+        UnknownTaskError: naming the known tasks.
     """
-    if task != IMPORT_TASK and task not in task_names():
-        raise UnknownTaskError(f"unknown task {task!r}; registered tasks: {', '.join(task_names())} "
-                               f"(or {IMPORT_TASK!r}: the prompts of an imported run as they are)")
+    if task not in task_names():
+        raise UnknownTaskError(f"unknown task {task!r}; known tasks: {', '.join(task_names())} "
+                               f"({IMPORT_TASK!r}: the prompts of an imported run as they are)")
 
 
 def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *, mapping: ColumnMapping | None = None,

@@ -70,26 +70,9 @@ def math_match(answer, gold) -> float:
     >>> math_match("72 clips", "72"), math_match("So the total is 72", "72"), math_match("x^2+1", "1+x^2")
     (1.0, 1.0, 1.0)
     """
-    if answer is None or gold is None or not str(answer).strip():
-        return 0.0
-    import logging
+    from studio.tasks.answers import equivalent
 
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" is on purpose
-
-    def latex(x) -> str:
-        s = str(x).strip()
-        if "$" in s or "\\boxed" in s:
-            return s
-        if "\\" not in s and re.search(r"[A-Za-z]{2,}", s):
-            return s  # free text ("72 clips"): math-verify finds the answer in it, as it is
-        return f"${s}$"  # plain math ("x^2+1", "2\\sqrt{2}") is read as LaTeX
-
-    g, a = parse(latex(gold), parsing_timeout=None), parse(latex(answer), parsing_timeout=None)
-    if not g or not a:
-        return 0.0
-    return 1.0 if verify(g, a, timeout_seconds=None) else 0.0
+    return 1.0 if equivalent(answer, gold) else 0.0
 
 
 def answer_correct(parsed, gold: dict, task=None, prompt: str = "") -> float:

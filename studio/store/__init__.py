@@ -12,6 +12,7 @@ folder ``<store file>.shards/`` beside the file (``token_shards`` lists them); t
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import threading
 import time
@@ -133,6 +134,7 @@ class Store:
             store._create()
             if seed_dir is not None:
                 store.seed(seed_dir)
+            store.define_tasks()
             return store
         path = Path(path).expanduser()
         if not path.exists():
@@ -143,6 +145,7 @@ class Store:
             store._check_and_migrate()
             store._check_shards()
             store._close_interrupted_runs()
+            store.define_tasks()
         except Exception:
             con.close()
             raise
@@ -320,6 +323,14 @@ class Store:
         lets one process open the file, so nobody else can be writing them now."""
         with self.transaction() as cur:
             cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
+
+    def define_tasks(self) -> list[str]:
+        """Make the tasks this store defines known to this process (``studio.tasks.define``):
+        a task never exists only in the process that added it."""
+        from studio.tasks import define
+
+        rows = self.cursor().execute("SELECT spec FROM tasks ORDER BY name").fetchall()
+        return [define(json.loads(spec)).name for (spec,) in rows]
 
     def seed(self, folder: str | Path) -> None:
         """Load ``<table>.parquet`` files from ``folder`` into the matching tables, atomically."""

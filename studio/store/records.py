@@ -122,6 +122,7 @@ def prompt_rows(task: Task, prompts: list[Prompt]) -> pd.DataFrame:
     return pd.DataFrame([{
         "prompt_id": prompt_id(task.name, p.text), "task": task.name, "text": p.text,
         "gold": json.dumps(p.gold), "meta": json.dumps(p.meta),
+        "messages": json.dumps(list(p.messages)) if p.messages else None,
     } for p in prompts]).drop_duplicates("prompt_id")
 
 
@@ -130,7 +131,10 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
                     ) -> tuple[pd.DataFrame, pa.Table]:
     """Rollout and token rows for ``gens``; ``gens[i].prompt_index`` indexes ``prompts``.
 
-    Completions of the same prompt in one call form one group (one GRPO group).
+    Completions of the same prompt in one call form one group (one GRPO group). Each rollout
+    carries its answer and correctness under ``task`` (a fact of the rollout, whatever reward
+    version is shown), and the text the policy continued when a chat template made it differ
+    from the prompt's text.
     """
     groups: dict[int, str] = {}
     created = now()
@@ -141,11 +145,13 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
         prompt = prompts[gen.prompt_index]
         rid = new_id("r")
         gid = groups.setdefault(gen.prompt_index, new_id("g"))
+        answer, correct = task.verdict(prompt, gen.text)
         rollouts.append({
             "rollout_id": rid, "run_id": run_id, "train_step": train_step,
             "prompt_id": prompt_id(task.name, prompt.text), "group_id": gid,
             "sample_idx": gen.sample_idx, "text": gen.text, "n_tokens": gen.n_tokens,
             "finish_reason": gen.finish_reason, "policy_version": policy_version, "created_at": created,
+            "prompt_text": gen.prompt if gen.prompt != prompt.text else None, "answer": answer, "correct": correct,
         })
         T = gen.n_tokens
         tok_cols["rollout_id"] += [rid] * T

@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -30,7 +30,8 @@ TABLES: dict[str, str] = {
         task VARCHAR,
         text VARCHAR NOT NULL,
         gold JSON,
-        meta JSON
+        meta JSON,
+        messages JSON                   -- a chat prompt's messages [{role, content}] (schema 8); NULL: text alone
     """,
     "rollouts": """
         rollout_id VARCHAR PRIMARY KEY,
@@ -48,8 +49,13 @@ TABLES: dict[str, str] = {
         policy_version VARCHAR,
         created_at TIMESTAMP,
         train_advantage DOUBLE,         -- mini-runs: the advantage the loss used for this rollout (schema 4)
-        enriched_by VARCHAR             -- imports: the policy version whose teacher forcing wrote this rollout's
+        enriched_by VARCHAR,            -- imports: the policy version whose teacher forcing wrote this rollout's
                                         --   token rows (schema 6); NULL: the tokens came with the rollout
+        prompt_text VARCHAR,            -- the exact text the policy continued (a chat template applied) (schema 8);
+                                        --   NULL: the prompt's text as it is
+        answer VARCHAR,                 -- the final answer the completion states, read by its task (schema 8)
+        correct BOOLEAN                 -- that answer verified against the gold one by the task, or the import's own
+                                        --   correctness field (schema 8); NULL: no gold answer to check against
     """,
     "tokens": """                       -- a view (schema 7): the rows of table token_rows and of the
                                         --   Parquet shards in token_shards; see TOKEN_ROWS
@@ -170,6 +176,15 @@ TABLES: dict[str, str] = {
         rollout_id VARCHAR PRIMARY KEY  -- a sharded rollout whose token rows were copied into token_rows to be
                                         --   changed (enrich fills them): its shard rows are no longer read (schema 7)
     """,
+    "tasks": """
+        name VARCHAR PRIMARY KEY,       -- a task the store defines, rebuilt from spec by every process (schema 8)
+        kind VARCHAR NOT NULL,          -- dataset
+        spec JSON NOT NULL,             -- studio.tasks.from_spec: answer, step and template settings, splits
+        source VARCHAR,                 -- the file or folder its prompts were read from
+        sha256 VARCHAR,                 -- of that source when it was read
+        n_prompts INTEGER,
+        created_at TIMESTAMP
+    """,
     "import_files": """
         run_id VARCHAR NOT NULL,        -- the import run this source file fed (schema 6)
         path VARCHAR NOT NULL,          -- absolute path of the file
@@ -189,7 +204,7 @@ VIEWS = frozenset({"tokens"})
 TOKEN_ROWS = "token_rows"
 
 # Tables that the sample Parquet files seed, in load order.
-SEEDED = ("runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
+SEEDED = ("tasks", "runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
 
 # version -> list of SQL statements that bring a store from version-1 to version.
 MIGRATIONS: dict[int, list[str]] = {
@@ -221,6 +236,12 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     7: [  # bulk imports write token rows as Parquet shards: the table moves to token_rows, tokens becomes a view
         "ALTER TABLE tokens RENAME TO token_rows",
+    ],
+    8: [  # tasks a store defines, chat prompts, what a policy was given, and correctness as a fact of the rollout
+        "ALTER TABLE prompts ADD COLUMN IF NOT EXISTS messages JSON",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS prompt_text VARCHAR",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS answer VARCHAR",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS correct BOOLEAN",
     ],
 }
 

@@ -1,5 +1,5 @@
 """Tasks: prompt generators with gold answers and completion parsers."""
-from . import arithmetic  # noqa: F401  (registers the sample task)
+from . import arithmetic, text  # noqa: F401  (register the sample task and the free-text task of imports)
 from .base import (
                    ParsedCompletion,
                    Prompt,
@@ -7,9 +7,11 @@ from .base import (
                    Task,
                    TaskParseError,
                    UnknownTaskError,
+                   define,
+                   from_spec,
                    get_task,
                    register_task,
                    task_names,
 )
 
-__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "get_task", "register_task", "task_names"]
+__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "define", "from_spec", "get_task", "register_task", "task_names"]

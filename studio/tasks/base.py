@@ -23,6 +23,8 @@ class Prompt:
     text: str
     gold: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[dict[str, str], ...] | None = None  # a chat prompt: [{"role", "content"}, ...]; text is its
+                                                        #   last user message (or the whole, already templated)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class ParsedCompletion:
     steps: tuple[Step, ...]
     answer: str | None
     well_formed: bool
+    think: tuple[int, int] | None = None   # character span of the <think>…</think> block
+    answer_span: tuple[int, int] | None = None  # character span of the stated final answer
 
 
 class Task:
@@ -52,6 +56,18 @@ class Task:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    splits: ClassVar[tuple[str, ...]] = ()  # named subsets prompts are drawn from (dataset tasks)
+    template: ClassVar[dict[str, Any]] = {}  # chat template settings: system prompt, thinking switch
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """What rebuilds this task in another process (:func:`get_task` takes it)."""
+        return {"kind": "builtin", "name": self.name}
+
+    @property
+    def generates(self) -> bool:
+        """Whether :meth:`make_prompts` makes prompts (a dataset task's prompts are stored)."""
+        return True
 
     def make_prompts(self, n: int, seed: int = 0, difficulty: str = "medium") -> list[Prompt]:
         """Return ``n`` prompts drawn deterministically from ``seed``."""
@@ -69,8 +85,29 @@ class Task:
         """Whether a final answer matches the prompt's gold answer."""
         raise NotImplementedError
 
+    def verdict(self, prompt: Prompt, completion: str) -> tuple[str | None, bool | None]:
+        """The answer a completion states and whether it is right; ``None`` when the prompt
+        has no gold answer to check against (a typed prompt of a dataset task)."""
+        answer = self.parse_completion(prompt, completion).answer
+        if prompt.gold.get("answer") in (None, ""):
+            return answer, None
+        return answer, bool(self.is_correct(prompt, answer))
+
+    def answer_text(self, answer: str) -> str:
+        """``answer`` written the way this task's completions state it (information gain
+        teacher-forces it)."""
+        return str(answer)
+
+    def messages(self, prompt: Prompt) -> list[dict[str, str]]:
+        """The chat messages of a prompt (system prompt of the task first, when it has one)."""
+        if prompt.messages:
+            return [dict(m) for m in prompt.messages]
+        system = self.template.get("system")
+        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt.text}]
+
 
 _TASKS: dict[str, type[Task]] = {}
+_DEFINED: dict[str, dict[str, Any]] = {}  # name -> spec of the tasks a store defines (rebuilt per process)
 
 
 def register_task(cls: type[Task]) -> type[Task]:
@@ -88,14 +125,37 @@ class UnknownTaskError(StudioError, KeyError):
         return str(self.args[0])
 
 
-def get_task(name: str) -> Task:
-    """Return a new instance of the registered task ``name``."""
-    try:
+def define(spec: dict[str, Any]) -> Task:
+    """Make a task described by ``spec`` (a stored task's ``spec``) known in this process."""
+    task = from_spec(spec)
+    if spec.get("kind") != "builtin":
+        _DEFINED[task.name] = dict(spec)
+    return task
+
+
+def from_spec(spec: dict[str, Any]) -> Task:
+    """The task ``spec`` describes (:attr:`Task.spec`), without registering it."""
+    kind = spec.get("kind")
+    if kind == "builtin":
+        return get_task(spec["name"])
+    if kind == "dataset":
+        from .dataset import DatasetTask
+
+        return DatasetTask(spec)
+    raise UnknownTaskError(f"cannot rebuild a task of kind {kind!r} (known kinds: builtin, dataset)")
+
+
+def get_task(name: str | dict[str, Any]) -> Task:
+    """Return the task ``name`` (a registered class or a task a store defined), or the task a
+    spec describes."""
+    if isinstance(name, dict):
+        return from_spec(name)
+    if name in _TASKS:
         return _TASKS[name]()
-    except KeyError:
-        known = ", ".join(sorted(_TASKS)) or "none"
-        raise UnknownTaskError(f"unknown task {name!r}; registered tasks: {known}") from None
+    if name in _DEFINED:
+        return from_spec(_DEFINED[name])
+    raise UnknownTaskError(f"unknown task {name!r}; known tasks: {', '.join(task_names()) or 'none'}")
 
 
 def task_names() -> list[str]:
-    return sorted(_TASKS)
+    return sorted(set(_TASKS) | set(_DEFINED))

@@ -29,12 +29,18 @@ def policy_version(path: str) -> str:
     return weights_version(path)
 
 
-def sample_job(policy_path: str, prompts: list[str], kwargs: dict) -> tuple[list, str, str]:
-    """Runs in a worker: sample completions. Returns (generations, policy_version, device)."""
+def sample_job(policy_path: str, prompts: list[str | dict], kwargs: dict) -> tuple[list, str, str]:
+    """Runs in a worker: sample completions. Returns (generations, policy_version, device).
+
+    A prompt is a text, or a chat (``{"messages", "thinking"}``) rendered with the policy's
+    chat template (``backends.chat``); each generation's ``prompt`` is the text sampled from.
+    """
     from backends import load_policy
+    from backends.chat import render_all
 
     policy = load_policy(policy_path)
-    return policy.sample(prompts, **kwargs), policy_version(str(policy.path)), policy.device
+    texts = render_all(policy.tokenizer, prompts)
+    return policy.sample(texts, **kwargs), policy_version(str(policy.path)), policy.device
 
 
 def branch_job(policy_path: str, prompt: str, prefix_ids: list[int], prefix_text: str,
