@@ -288,7 +288,7 @@ def test_a_schema_6_store_keeps_its_token_rows_in_token_rows_read_through_the_to
         cur.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION)
     assert s.counts() == counts
     assert s.scalar("SELECT table_type FROM information_schema.tables WHERE table_name = 'tokens'") == "VIEW"
     assert s.scalar("SELECT count(*) FROM token_rows") == counts["tokens"]
@@ -311,7 +311,7 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "7"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "8"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.scalar("SELECT count(*) FROM import_files") == 0
     assert s.scalar("SELECT count(enriched_by) FROM rollouts") == 0
@@ -333,7 +333,7 @@ def test_a_schema_2_store_gains_token_values_and_keeps_its_scores(tmp_path):
         cur.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION)
     assert s.df("SELECT logprob, entropy, value FROM token_scores").values.tolist()[0][:2] == [-0.5, 0.25]
     assert s.scalar("SELECT value FROM token_scores") is None
     s.close()
@@ -353,7 +353,7 @@ def test_a_schema_3_store_gains_the_training_columns_and_keeps_its_rows(tmp_path
         cur.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION)
     assert s.scalar("SELECT count(*) FROM tokens WHERE train_weight IS NULL") == n
     assert s.scalar("SELECT count(*) FROM rollouts WHERE train_advantage IS NULL") == 512
     assert s.scalar("SELECT count(error) FROM runs") == 0
@@ -377,7 +377,7 @@ def test_a_schema_4_store_gains_the_curation_tables_and_keeps_its_preference_row
         cur.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == "7"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION)
     assert s.counts() == counts
     row = s.df("SELECT * FROM pairs").iloc[0]
     assert (row["pair_id"], row["chosen_rollout_id"], row["rejected_rollout_id"], row["status"], row["note"],

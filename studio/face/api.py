@@ -40,6 +40,7 @@ from studio.face.checks import (
 )
 from studio.face.views import StudioViews
 from studio.store import Store, StoreError, default_db_path
+from studio.tasks import Prompt
 from studio.workers.sync import run_sync
 
 if TYPE_CHECKING:
@@ -198,20 +199,29 @@ class Studio(StudioViews):
             raise StudioAPIError(f"DuckDB could not run the query: {str(exc).splitlines()[0]}") from None
 
     # -- actions (the UI's code paths) ---------------------------------------------------
-    def generate(self, prompts: str | Iterable[str], *, group_size: int = 8, temperature: float = 1.0,
-                 top_p: float = 1.0, max_new_tokens: int = 48, seed: int = 0, top_k_stats: int = 5,
-                 task: str = "arithmetic", name: str | None = None, policy: str | Path | None = None,
-                 progress: bool = False) -> GenerateResult:
+    def generate(self, prompts: str | Iterable[str] | Iterable[Prompt] = (), *, group_size: int = 8,
+                 temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 48, seed: int = 0,
+                 top_k_stats: int = 5, task: str = "arithmetic", draw: int = 0, split: str | None = None,
+                 name: str | None = None, policy: str | Path | None = None, progress: bool = False) -> GenerateResult:
         """Sample ``group_size`` completions per prompt in the worker, score and store them, as
         the Generate panel does (then score them with the active rule version too).
 
+        ``prompts`` are typed texts of ``task`` or prompts drawn from the store
+        (:meth:`draw_prompts`); ``draw=N`` adds N prompts drawn from the task (a stored prompt
+        set's ``split``; the sample task's generator), seeded by ``seed``. A chat prompt is
+        rendered with the policy's chat template.
+
         Raises:
-            TaskParseError, ConfigError, PolicyLoadError: bad prompts, settings or policy;
-                nothing is written.
+            TaskParseError, ConfigError, PolicyLoadError, UnknownTaskError: bad prompts, task,
+                settings or policy; nothing is written.
         """
+        from studio.queries.prompts import draw_prompts
         from studio.runs.generation import GenerateConfig, generate
 
-        texts = arg_texts("prompts", prompts)
+        items = list(prompts) if not isinstance(prompts, str) else [prompts]
+        texts: list = [p if isinstance(p, Prompt) else arg_texts("prompts", p)[0] for p in items]
+        if draw:
+            texts += draw_prompts(self.store, task, int(draw), seed=seed, split=split)
         config = GenerateConfig(group_size=group_size, temperature=temperature, top_p=top_p,
                                 max_new_tokens=max_new_tokens, seed=seed, top_k_stats=top_k_stats)
 
@@ -305,6 +315,35 @@ class Studio(StudioViews):
                          name=name, task=task)
         self._refresh()
         return rep
+
+    def add_prompt_set(self, paths: str | Path | list, **settings: Any):
+        """Store a prompt set (JSONL, JSON, Parquet, CSV files, or ``datasets`` folders) as a task,
+        as ``rollout-studio task add`` does: ``name`` and the other settings of
+        :class:`studio.ingest.prompt_sets.PromptSetConfig` as keyword arguments
+        (``s.add_prompt_set("gsm8k/train.jsonl", name="gsm8k")``). Returns the ``TaskReport``.
+
+        Raises:
+            PromptSetError: a file, row, column or setting that cannot be used (it names which);
+                nothing is stored then.
+        """
+        from studio.ingest.prompt_sets import add_prompt_set, config_from
+
+        rep = add_prompt_set(self.store, paths, config_from(settings))
+        self._refresh()
+        return rep
+
+    def tasks(self) -> pd.DataFrame:
+        """The tasks this store defines (name, kind, source, n_prompts, splits with counts, created_at)."""
+        from studio.queries.prompts import stored_tasks
+
+        return stored_tasks(self.store)
+
+    def draw_prompts(self, task: str, n: int, seed: int = 0, split: str | None = None, level: str | None = None):
+        """``n`` prompts of ``task`` drawn deterministically from ``seed`` (of ``split`` / ``level`` when
+        given), as ``studio.tasks.Prompt`` objects; a built-in task (arithmetic) makes them."""
+        from studio.queries.prompts import draw_prompts
+
+        return draw_prompts(self.store, task, n, seed=seed, split=split, level=level)
 
     def enrich(self, run: str | None = None, policy: str | Path | None = None):
         """Fill in what imported rollouts lack (token ids, log-probs, entropy, top-k) by

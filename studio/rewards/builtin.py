@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from studio.rewards.rewardlib import answer_correct, format_ok, steps_correct, weighted
+from studio.rewards.rewardlib import answer_correct, format_ok, math_match, steps_correct, weighted
 from studio.tasks import Prompt, Task
 
 Component = Callable[..., float]
@@ -142,7 +142,26 @@ ARITHMETIC_V1 = Rule(
               "52029205d672862f8231224a5d8f99cbe852802dec06e6c8c1c37f6cbbc33dc9"),
 )
 
-DEFAULT_RULES: dict[str, Rule] = {"arithmetic": ARITHMETIC_V1}
+def answer_verified(parsed, gold) -> float:
+    """1.0 when the stated answer equals the gold one under math-verify (``math_match``)."""
+    return math_match(parsed.answer, gold.get("answer"))
+
+
+MATH_V1 = Rule(
+    name="math",
+    components={"accuracy": answer_verified, "format": format_ok},
+    weights={"accuracy": 1.0, "format": 0.1},
+)
+"""The built-in rule of free-text tasks (word problems, a prompt set, imports): the final
+answer verified with math-verify, and the format (an answer stated, the think block closed)."""
+
+DEFAULT_RULES: dict[str, Rule] = {"arithmetic": ARITHMETIC_V1, "math": MATH_V1}
+
+
+def default_rule(task: Task | str) -> Rule:
+    """The built-in rule new rollouts of ``task`` are scored with: its own (arithmetic), or
+    :data:`MATH_V1` for every free-text task."""
+    return DEFAULT_RULES.get(task if isinstance(task, str) else task.name, MATH_V1)
 
 
 def rule_version_frame(rule: Rule, note: str = "built-in rule") -> pd.DataFrame:

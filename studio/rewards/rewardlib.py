@@ -18,7 +18,6 @@ these same functions. Light on imports: it runs in the sandbox's worker processe
 from __future__ import annotations
 
 import math
-import re
 from fractions import Fraction
 
 __all__ = ["format_ok", "answer_correct", "numeric_match", "math_match", "steps_correct", "length_penalty",

@@ -34,6 +34,7 @@ from studio.rewards import sandbox
 from studio.rewards.sandbox import Limits, RuleSourceError, SandboxError, check_source, source_sha
 from studio.store import Store
 from studio.store.records import now
+from studio.tasks import get_task
 from studio.workers.sync import run_sync
 
 DEFAULT_SOURCE = '''"""The sample task's default reward: final answer, format and per-step arithmetic."""
@@ -49,6 +50,24 @@ def reward(prompt, completion, gold, steps, **ctx):
     parts["total"] = weighted(parts, {"accuracy": 1.0, "format": 0.1, "steps": 0.25})
     return parts
 '''
+
+FREE_TEXT_SOURCE = '''"""A free-text task's default reward: the final answer verified with math-verify, and the format."""
+from studio.rewardlib import format_ok, math_match, weighted
+
+
+def reward(prompt, completion, gold, steps, **ctx):
+    parts = {
+        "accuracy": math_match(ctx["parsed"].answer, gold.get("answer")),
+        "format": format_ok(ctx["parsed"]),
+    }
+    parts["total"] = weighted(parts, {"accuracy": 1.0, "format": 0.1})
+    return parts
+'''
+
+
+def default_source(task: str) -> str:
+    """The rule editor's starting rule for ``task``: the arithmetic rule, or the free-text one."""
+    return DEFAULT_SOURCE if task == "arithmetic" else FREE_TEXT_SOURCE
 
 
 DEFAULT_LIMITS = Limits()
@@ -157,10 +176,11 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
         # submitting is inside the try: a worker the first chunk kills breaks the pool before the
         # last chunk is submitted, and a broken pool must be dropped, not kept for the next apply
         for task_name, part in rows.groupby("task", sort=False):
+            task_spec = get_task(task_name).spec  # a task the store defines is rebuilt in the worker from it
             recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:], strict=True)})
                     for r in part[cols].itertuples(index=False, name=None)]
             for lo in range(0, len(recs), chunk):
-                futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_name,
+                futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_spec,
                                                                      recs[lo:lo + chunk], limits.call_s)))
         for n, fut in futures:
             waited = asyncio.wrap_future(fut, loop=loop)  # wrapped once: a wrapper left behind logs its error

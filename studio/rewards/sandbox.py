@@ -237,11 +237,12 @@ def _as_components(value) -> dict[str, float]:
     return parts
 
 
-def score_chunk(source: str, sha: str, task_name: str, rows: list[tuple], call_s: float
+def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call_s: float
                 ) -> tuple[list[tuple], list[tuple], list[tuple]]:
     """Runs in a worker: score ``rows`` of ``(rollout_id, prompt, gold_json, completion)``.
 
-    Returns ``(rewards, step_rewards, errors)``: reward rows ``(rollout_id, component,
+    ``task`` is a task's name or its spec (``studio.tasks.Task.spec``: a task the store
+    defines is rebuilt from it here). Returns ``(rewards, step_rewards, errors)``: reward rows ``(rollout_id, component,
     value, error)``, step rows ``(rollout_id, step_idx, value)`` and ``(rollout_id,
     message)`` for every rollout the rule failed on (its ``total`` is stored as NULL with
     the message, so a failure is visible, not silently missing).
@@ -250,7 +251,7 @@ def score_chunk(source: str, sha: str, task_name: str, rows: list[tuple], call_s
 
     from studio.tasks import Prompt, get_task
 
-    task = get_task(task_name)
+    task = get_task(task)
     try:
         ns = _compile(source, sha)
     except BaseException as exc:  # a rule that fails at import fails every rollout, plainly

@@ -28,7 +28,7 @@ from studio import queries, workers
 from studio.configs import problems, setting
 from studio.errors import StudioError
 from studio.queries.forks import depth_of
-from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
+from studio.rewards import Rule, default_rule, rule_version_frame, score_frame
 from studio.store import Store
 from studio.store.records import generation_rows, prompt_rows
 from studio.store.runs import set_status, start_run
@@ -83,6 +83,7 @@ class BranchPlan:
     policy_path: Path | str  # a folder, or a backend URL
     depth: int
     config: BranchConfig
+    policy_input: str | dict = ""  # what the policy continues: the parent's exact prompt text, or its chat
 
 
 @dataclass
@@ -152,7 +153,16 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     return BranchPlan(parent=parent, fork_pos=fork_pos, choices=choices,
                       prefix_ids=[int(i) for i in prefix["token_id"]], prefix_text="".join(prefix["token_text"]),
                       policy_path=folder if isinstance(folder, str) else Path(folder).expanduser().resolve(),
-                      depth=depth, config=config)
+                      depth=depth, config=config, policy_input=_policy_input(store, parent))
+
+
+def _policy_input(store: Store, parent: dict) -> str | dict:
+    """The parent's prompt as its policy read it: the stored exact text when a template made it
+    (or an import brought it templated), else the task's chat for the attached policy's template."""
+    seen = store.scalar("SELECT prompt_text FROM rollouts WHERE rollout_id = ?", [parent["rollout_id"]])
+    if seen:
+        return seen
+    return get_task(parent["task"]).policy_input(queries.prompt_of_row(parent))
 
 
 def branch_frames(plan: BranchPlan, run_id: str, gens: list, rule: Rule, version: str | None) -> dict:
@@ -187,7 +197,7 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
     if isinstance(plan.policy_path, str):
         await _check_backend(plan, attached=policy_path is not None)
     task = get_task(plan.parent["task"])
-    rule = rule or DEFAULT_RULES[task.name]
+    rule = rule or default_rule(task)
     executor = executor or workers.pool()
     cfg = plan.config
     run_id = start_run(store, "branch", f"branch · {rollout_id} @ {fork_pos}", policy_label(plan.policy_path),
@@ -198,7 +208,7 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
     kwargs = {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
               "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k_stats": 5}
     try:
-        fut = executor.submit(workers.branch_job, str(plan.policy_path), plan.parent["prompt"], plan.prefix_ids,
+        fut = executor.submit(workers.branch_job, str(plan.policy_path), plan.policy_input, plan.prefix_ids,
                               plan.prefix_text, plan.choices, kwargs)
         gens, version, result.device = await _await(fut, cancel)
         if gens is None:

@@ -32,9 +32,9 @@ async def score_with(store: Store, policy_path: str | Path, rollout_ids: list[st
     executor = executor or workers.pool()
     for lo in range(0, len(todo), batch):
         ids = todo[lo:lo + batch]
-        rows = store.df("""SELECT ro.rollout_id, p.text AS prompt, list(t.token_id ORDER BY t.pos) AS token_ids
+        rows = store.df("""SELECT ro.rollout_id, coalesce(ro.prompt_text, p.text) AS prompt, list(t.token_id ORDER BY t.pos) AS token_ids
                            FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN tokens t USING (rollout_id)
-                           WHERE list_contains(?, ro.rollout_id) GROUP BY ro.rollout_id, p.text""", [ids])
+                           WHERE list_contains(?, ro.rollout_id) GROUP BY ro.rollout_id, ro.prompt_text, p.text""", [ids])
         fut = executor.submit(workers.score_job, str(folder), rows["prompt"].tolist(),
                               [[int(i) for i in x] for x in rows["token_ids"]])
         gens, _, _ = await asyncio.wrap_future(fut)

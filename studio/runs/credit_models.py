@@ -19,11 +19,15 @@ from studio import queries
 from studio.queries.credit import PRM_PREFIX, VALUE_PREFIX, steps_of
 from studio.signals.steps import Segmenter
 from studio.store import Store
+from studio.tasks import get_task
 
 
-def answer_text(task: str, gold: dict) -> str:
-    """What the policy writes to give the gold answer (the sample task: ``A:<answer>``)."""
-    return f"A:{gold['answer']}" if task == "arithmetic" else str(gold.get("answer", ""))
+def answer_text(task: str, gold: dict, prefix: str = "") -> str:
+    """What the policy writes to give the gold answer right after ``prefix``, in the task's own
+    format (``A:72`` for the sample task, ``\\boxed{72}`` for a word problem); inside an open
+    ``<think>`` block the block is closed first, as the policy would."""
+    text = get_task(task).answer_text(str(gold.get("answer", "")))
+    return f"</think>\n{text}" if "<think>" in prefix and "</think>" not in prefix else text
 
 
 async def information_gain(store: Store, policy_path: str | Path, rollout_ids: list[str],
@@ -36,20 +40,22 @@ async def information_gain(store: Store, policy_path: str | Path, rollout_ids: l
     """
     from studio import workers
 
-    rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt, p.gold, p.task FROM rollouts ro
+    rows = store.df("""SELECT ro.rollout_id, ro.text, coalesce(ro.prompt_text, p.text) AS prompt, p.gold, p.task FROM rollouts ro
                        JOIN prompts p USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""", [rollout_ids])
     jobs = []
     for r in rows.itertuples(index=False):
         steps = steps_of(store, r.rollout_id, seg)
         gold = queries.prompt_of_row({"prompt": r.prompt, "gold": r.gold}).gold
-        sep = ";" if seg.kind == "task" and r.task == "arithmetic" else seg.pattern if seg.kind == "delimiter" else ""
+        # a task's step is followed by its separator: ';' in the sample task, a line break in free text
+        sep = (";" if r.task == "arithmetic" else "\n") if seg.kind == "task" else \
+            seg.pattern if seg.kind == "delimiter" else ""
         prefixes = [""] + [r.text[:e] + sep for e in steps["char_end"]]
-        jobs.append((r.rollout_id, steps, r.prompt, prefixes, answer_text(r.task, gold)))
+        jobs.append((r.rollout_id, steps, r.prompt, prefixes, [answer_text(r.task, gold, x) for x in prefixes]))
     ex = workers.pool()
     loop = asyncio.get_running_loop()
     flat_prompts = [j[2] for j in jobs for _ in j[3]]
     flat_prefix = [p for j in jobs for p in j[3]]
-    flat_answer = [j[4] for j in jobs for _ in j[3]]
+    flat_answer = [a for j in jobs for a in j[4]]
     probs, version = await loop.run_in_executor(None, lambda: ex.submit(
         workers.answer_prob_job, str(policy_path), flat_prompts, flat_prefix, flat_answer).result())
     source = f"ig-{version}"
@@ -100,7 +106,7 @@ async def prm_steps(store: Store, prm_path: str | Path, rollout_ids: list[str],
     source = PRM_PREFIX + _model_version(folder, "process reward model")
     todo = _todo(store, "step_rewards", "source", source, rollout_ids)
     for lo in range(0, len(todo), batch):
-        rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt FROM rollouts ro JOIN prompts p
+        rows = store.df("""SELECT ro.rollout_id, ro.text, coalesce(ro.prompt_text, p.text) AS prompt FROM rollouts ro JOIN prompts p
                            USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""", [todo[lo:lo + batch]])
         steps = [steps_of(store, r, seg) for r in rows["rollout_id"]]
         fut = workers.pool().submit(workers.prm_job, str(folder), rows["prompt"].tolist(), rows["text"].tolist(),
@@ -127,7 +133,7 @@ async def critic_values(store: Store, value_path: str | Path, rollout_ids: list[
     version = VALUE_PREFIX + _model_version(folder, "value model")
     todo = _todo(store, "token_scores", "policy_version", version, rollout_ids)
     for lo in range(0, len(todo), batch):
-        rows = store.df("""SELECT ro.rollout_id, ro.text, p.text AS prompt, list(t.token_id ORDER BY t.pos) AS ids
+        rows = store.df("""SELECT ro.rollout_id, ro.text, coalesce(ro.prompt_text, p.text) AS prompt, list(t.token_id ORDER BY t.pos) AS ids
                            FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN tokens t USING (rollout_id)
                            WHERE list_contains(?, ro.rollout_id) GROUP BY ALL""", [todo[lo:lo + batch]])
         ids = [[int(i) for i in x] for x in rows["ids"]]

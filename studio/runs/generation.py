@@ -18,7 +18,7 @@ from backends import PolicyLoadError
 from studio import workers
 from studio.configs import problems, setting
 from studio.errors import StudioError
-from studio.rewards import DEFAULT_RULES, Rule, rule_version_frame, score_frame
+from studio.rewards import Rule, default_rule, rule_version_frame, score_frame
 from studio.store import Store
 from studio.store.records import generation_rows, prompt_rows
 from studio.store.runs import set_status, start_run
@@ -62,10 +62,14 @@ class GenerateResult:
     group_ids: list[str] = field(default_factory=list)
 
 
-def parse_prompts(task: Task, texts: list[str]) -> list[Prompt]:
-    """Read typed or picked prompts; every unreadable line is named in one error."""
+def parse_prompts(task: Task, texts: list[str | Prompt]) -> list[Prompt]:
+    """Read typed prompts (drawn ones, :class:`Prompt`, are taken as they are); every
+    unreadable line is named in one error."""
     prompts, bad = [], []
-    for i, text in enumerate(t for t in texts if t.strip()):
+    for i, text in enumerate(t for t in texts if isinstance(t, Prompt) or t.strip()):
+        if isinstance(text, Prompt):
+            prompts.append(text)
+            continue
         try:
             prompts.append(task.parse_prompt(text))
         except TaskParseError as exc:
@@ -73,7 +77,8 @@ def parse_prompts(task: Task, texts: list[str]) -> list[Prompt]:
     if bad:
         raise TaskParseError("; ".join(bad))
     if not prompts:
-        raise TaskParseError("no prompts given: pick sample prompts or type one per line, like 'Q: 23+48-7='")
+        example = "like 'Q: 23+48-7='" if task.name == "arithmetic" else "or draw them from a split of the task"
+        raise TaskParseError(f"no prompts given: pick sample prompts or type one per line, {example}")
     return prompts
 
 
@@ -88,7 +93,7 @@ def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: l
     return len(rollouts), list(dict.fromkeys(rollouts["group_id"]))
 
 
-async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str],
+async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str | Prompt],
                    config: GenerateConfig = GenerateConfig(), task: str = "arithmetic",  # noqa: B008  (never mutated)
                    rule: Rule | None = None, executor: Executor | None = None,
                    on_progress: Callable[[int, int, str], None] | None = None,
@@ -99,7 +104,9 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
     ``policy_path`` is a folder or a backend URL (``backends.remote``). Bad input
     (unparsable prompt, missing policy folder, a backend that does not answer, invalid
     settings) raises before anything is written. ``on_progress(done, total, message)`` is
-    called after every chunk. A backend without the studio's extension gives entropies
+    called after every chunk. A prompt is typed text (read by ``task``) or a :class:`Prompt`
+    drawn from the store (``studio.queries.prompts.draw_prompts``); a chat prompt is rendered
+    with the policy's chat template in the worker. A backend without the studio's extension gives entropies
     estimated from top-k logprobs: the run's config (``backend.entropy``), its default name
     and every rollout's policy version say so.
     """
@@ -107,7 +114,7 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
     the_task = get_task(task)
     prompts = parse_prompts(the_task, prompt_texts)
     policy_path, backend = await check_policy(policy_path)
-    rule = rule or DEFAULT_RULES[the_task.name]
+    rule = rule or default_rule(the_task)
     executor = executor or workers.pool()
     run_config = asdict(config) | ({"backend": backend.describe()} if backend is not None else {})
     estimated = " · entropy estimated" if backend is not None and not backend.extension else ""
@@ -124,7 +131,7 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
                 result.status = "cancelled"
                 break
             kw = dict(kwargs, seed=config.seed + 7919 * i)  # distinct, reproducible stream per chunk
-            fut = executor.submit(workers.sample_job, str(policy_path), [p.text for p in chunk], kw)
+            fut = executor.submit(workers.sample_job, str(policy_path), [the_task.policy_input(p) for p in chunk], kw)
             gens, version, result.device = await asyncio.wrap_future(fut)
             # scored and stored on a thread: the event loop (a served page's clicks) is not held by the write
             n, gids = await asyncio.to_thread(ingest, store, run_id, the_task, chunk, gens, rule, version)

@@ -120,6 +120,9 @@ class Arithmetic(Task):
             well_formed = False
         return ParsedCompletion(steps=tuple(steps), answer=answer, well_formed=well_formed)
 
+    def answer_text(self, answer: str) -> str:
+        return f"A:{answer}"
+
     def is_correct(self, prompt: Prompt, answer: str | None) -> bool:
         """Integer equality, so ``A:064`` and ``A:-0`` are read as 64 and 0."""
         try:

@@ -26,6 +26,16 @@ class Prompt:
     messages: tuple[dict[str, str], ...] | None = None  # a chat prompt: [{"role", "content"}, ...]; text is its
                                                         #   last user message (or the whole, already templated)
 
+    def to_json(self) -> dict[str, Any]:
+        """Plain data a worker process rebuilds the prompt from (:meth:`from_json`)."""
+        return {"text": self.text, "gold": self.gold, "meta": self.meta,
+                "messages": list(self.messages) if self.messages else None}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Prompt:
+        return cls(d["text"], d.get("gold") or {}, d.get("meta") or {},
+                   tuple(d["messages"]) if d.get("messages") else None)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -97,6 +107,14 @@ class Task:
         """``answer`` written the way this task's completions state it (information gain
         teacher-forces it)."""
         return str(answer)
+
+    def policy_input(self, prompt: Prompt) -> str | dict[str, Any]:
+        """What a policy is given for ``prompt`` (``backends.chat.render``): an already-templated
+        prompt as it is, else its chat, which the policy's own chat template renders (a policy
+        without one reads the text)."""
+        if prompt.meta.get("templated"):
+            return prompt.text
+        return {"messages": self.messages(prompt), "thinking": self.template.get("thinking")}
 
     def messages(self, prompt: Prompt) -> list[dict[str, str]]:
         """The chat messages of a prompt (system prompt of the task first, when it has one)."""

@@ -43,7 +43,7 @@ def sample_job(policy_path: str, prompts: list[str | dict], kwargs: dict) -> tup
     return policy.sample(texts, **kwargs), policy_version(str(policy.path)), policy.device
 
 
-def branch_job(policy_path: str, prompt: str, prefix_ids: list[int], prefix_text: str,
+def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], prefix_text: str,
                choices: list[int | None], kwargs: dict) -> tuple[list, str, str]:
     """Runs in a worker: continue a rollout from a fork (see ``backends.branch_batch``).
 
@@ -52,8 +52,10 @@ def branch_job(policy_path: str, prompt: str, prefix_ids: list[int], prefix_text
     branches would continue a different text, so the job refuses.
     """
     from backends import load_policy
+    from backends.chat import render
 
     policy = load_policy(policy_path)
+    prompt = render(policy.tokenizer, prompt)  # a chat: through the policy's template, as Generate renders it
     decoded = policy.tokenizer.decode(prefix_ids, skip_special_tokens=False)
     if decoded != prefix_text:
         raise TokenizerMismatch(

@@ -21,9 +21,14 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
     ap.add_argument("--policy", default=None, help="policy folder (default: the sample policy)")
     ap.add_argument("--prompt", action="append", default=[], help="a prompt, e.g. 'Q: 23+48-7=' (repeatable)")
     ap.add_argument("--prompts", type=Path, default=None, help="a file of prompts, one per line")
-    ap.add_argument("--fresh", type=int, default=0, help="also draw this many new prompts from the task's generator")
-    ap.add_argument("--difficulty", default="medium", help="difficulty of --fresh prompts (easy, medium, hard)")
-    ap.add_argument("--task", default="arithmetic", help="the task the prompts belong to")
+    ap.add_argument("--fresh", type=int, default=0, help="also draw this many prompts from the task: new ones from the "
+                    "sample task's generator, or a seeded draw of a stored prompt set's --split")
+    ap.add_argument("--difficulty", default="medium", help="difficulty of --fresh prompts of the sample task "
+                    "(easy, medium, hard)")
+    ap.add_argument("--split", default=None, help="the split --fresh draws from (a stored prompt set: default its "
+                    "train split)")
+    ap.add_argument("--task", default="arithmetic", help="the task the prompts belong to: arithmetic, or a prompt set "
+                    "the store holds (rollout-studio task list)")
     ap.add_argument("--name", default=None, help="the run's name")
     add_arguments(ap, GenerateConfig)
     args = ap.parse_args(argv)
@@ -37,12 +42,15 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
         prompts = list(args.prompt)
         if args.prompts:
             prompts += [line for line in args.prompts.read_text().splitlines() if line.strip()]
-        if args.fresh:
-            prompts += [p.text for p in get_task(args.task).make_prompts(args.fresh, seed=args.seed,
-                                                                        difficulty=args.difficulty)]
         from studio.face import api
 
         s = api.Studio(_open(args.db), args.policy or _sample_policy())
+        task = get_task(args.task)  # after the store is open: it defines its prompt sets
+        if args.fresh:
+            from studio.queries.prompts import draw_prompts
+
+            prompts += (task.make_prompts(args.fresh, seed=args.seed, difficulty=args.difficulty) if task.generates
+                        else draw_prompts(s.store, task.name, args.fresh, seed=args.seed, split=args.split))
     except (OSError, ValueError, StoreError, UnknownTaskError) as exc:
         _err(exc)
         return BAD_INPUT

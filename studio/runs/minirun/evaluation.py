@@ -6,17 +6,25 @@ import asyncio
 from pathlib import Path
 
 from studio import workers
-from studio.runs.training import evaluate_job, heldout_prompts
+from studio.queries.prompts import draw_prompts
+from studio.runs.training import TrainConfigError, evaluate_job, heldout_prompts, heldout_split
+from studio.store import Store
 from studio.tasks import get_task
 from studio.workers.vocab import resolve_policy
 
 
 async def evaluate(policy_path: str | Path, n_prompts: int = 200, k: int = 4, task: str = "arithmetic",
-                   max_new_tokens: int = 40, seed: int = 0) -> dict:
+                   max_new_tokens: int = 40, seed: int = 0, store: Store | None = None) -> dict:
     """Accuracy, pass@k, greedy accuracy, mean length and entropy of a policy on the
-    held-out prompts (in the worker pool)."""
+    held-out prompts (in the worker pool): the sample task's held-out draw, or a stored
+    prompt set's test split (``store`` holds it), judged by the task's verifier."""
     the_task = get_task(task)
-    prompts = [{"text": p.text, "gold": p.gold} for p in heldout_prompts(the_task, n_prompts)]
-    fut = workers.pool().submit(evaluate_job, str(resolve_policy(policy_path)), prompts, the_task.name, k,
-                                max_new_tokens, seed)
+    if the_task.generates:
+        held = heldout_prompts(the_task, n_prompts)
+    else:
+        if store is None:
+            raise TrainConfigError(f"task {the_task.name!r} keeps its prompts in a store: give the store to evaluate on")
+        held = draw_prompts(store, the_task.name, n_prompts, seed=0, split=heldout_split(the_task))
+    fut = workers.pool().submit(evaluate_job, str(resolve_policy(policy_path)), [p.to_json() for p in held],
+                                the_task.spec, k, max_new_tokens, seed)
     return await asyncio.wrap_future(fut)

@@ -20,7 +20,7 @@ import pandas as pd
 from studio.runs.minirun.reads import checkpoint_root, last_checkpoint
 from studio.runs.minirun.registry import MiniRunBusy, RunState, _lock, _runs, capacity, state_of
 from studio.runs.minirun.steps import finish, receive
-from studio.runs.training import MiniRunConfig, TrainConfigError, task_prompts
+from studio.runs.training import MiniRunConfig, TrainConfigError, task_prompts, train_split
 from studio.store import Store, schema
 from studio.store.records import new_id, now, prompt_rows
 from studio.tasks import Prompt, get_task
@@ -29,11 +29,11 @@ from studio.workers.vocab import policy_label, resolve_policy
 
 def _reward_spec(store: Store, version: str, task: str) -> tuple[dict, str, pd.DataFrame | None]:
     """(spec for the worker, the rule version id the rewards are stored under, version row to write)."""
-    from studio.rewards import DEFAULT_RULES, rule_version_frame
+    from studio.rewards import DEFAULT_RULES, default_rule, rule_version_frame
     from studio.rewards.rules import SOURCES_MARK
 
     if not version:
-        rule = DEFAULT_RULES[task]
+        rule = default_rule(task)
         return {"kind": "builtin"}, rule.version_id, rule_version_frame(rule)
     src = store.scalar("SELECT source FROM rule_versions WHERE rule_version_id = ?", [version])
     if src is None:
@@ -63,12 +63,16 @@ def _reward_spec(store: Store, version: str, task: str) -> tuple[dict, str, pd.D
 def _training_prompts(store: Store, cfg: MiniRunConfig, task) -> list[Prompt]:
     if cfg.prompt_set.startswith("run:"):
         rid = cfg.prompt_set[4:]
-        df = store.df("""SELECT DISTINCT p.text, p.gold FROM rollouts ro JOIN prompts p USING (prompt_id)
+        df = store.df("""SELECT DISTINCT p.text, p.gold, p.meta, p.messages FROM rollouts ro JOIN prompts p USING (prompt_id)
                          WHERE ro.run_id = ? ORDER BY 1""", [rid])
         if df.empty:
             raise TrainConfigError(f"run {rid!r} has no prompts in this store")
-        return [Prompt(t, json.loads(g) if isinstance(g, str) else g)
-                for t, g in zip(df["text"], df["gold"], strict=False)]
+        return [Prompt.from_json({k: json.loads(v) if isinstance(v, str) and k != "text" else v for k, v in r.items()})
+                for r in df.to_dict("records")]
+    if not task.generates:  # a stored prompt set: a seeded draw of its training split
+        from studio.queries.prompts import draw_prompts
+
+        return draw_prompts(store, task.name, cfg.n_prompts, seed=cfg.seed, split=train_split(task, cfg.prompt_set))
     return task_prompts(task, cfg.prompt_set, cfg.n_prompts, cfg.seed)
 
 
@@ -114,7 +118,7 @@ def start(store: Store, cfg: MiniRunConfig, name: str | None = None, task: str =
     q, stop_event = ctx.Queue(), ctx.Event()
     ckpt_dir = checkpoint_root(store) / run_id
     proc = ctx.Process(target=_worker_entry, name=f"minirun-{run_id}", daemon=False, args=(
-        cfg.to_dict(), str(folder), spec, [{"text": p.text, "gold": p.gold} for p in prompts], the_task.name,
+        cfg.to_dict(), str(folder), spec, [p.to_json() for p in prompts], the_task.spec,
         str(ckpt_dir), first, ckpt, q, stop_event, os.getpid()))
     st.process, st.stop_event = proc, stop_event
     try:

@@ -23,7 +23,9 @@ from studio.runs.training.config import (
     MiniRunConfig,
     TrainConfigError,
     heldout_prompts,
+    heldout_split,
     task_prompts,
+    train_split,
 )
 from studio.runs.training.evaluate import evaluate_job
 from studio.runs.training.loop import save_checkpoint, train_worker
@@ -31,5 +33,5 @@ from studio.runs.training.reward import RewardFn
 from studio.runs.training.sampler import OverlappedSampler, sampler_worker
 
 __all__ = ["HELDOUT_SEED", "PROMPT_SETS", "TRAIN_ESTIMATORS", "TRAIN_SEED", "MiniRunConfig", "OverlappedSampler",
-           "RewardFn", "TrainConfigError", "evaluate_job", "heldout_prompts", "sampler_worker", "save_checkpoint",
-           "task_prompts", "train_worker"]
+           "RewardFn", "TrainConfigError", "evaluate_job", "heldout_prompts", "heldout_split", "sampler_worker", "save_checkpoint",
+           "task_prompts", "train_split", "train_worker"]

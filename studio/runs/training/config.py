@@ -30,7 +30,8 @@ class MiniRunConfig:
     generated from these fields (:mod:`studio.configs`)."""
 
     policy: str = setting("sample", "policy folder to start from ('sample': the bundled sample policy)")
-    prompt_set: str = setting("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the task) "
+    prompt_set: str = setting("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the sample "
+                                   "task), a split of a stored prompt set (its train split when the name is not one), "
                                    "or run:<run_id> (the prompts of a stored run)")
     n_prompts: int = setting(4096, "size of the training prompt pool (for the task's prompt sets); a small pool is "
                               "memorised rather than learned", 1, 100_000)
@@ -62,9 +63,9 @@ class MiniRunConfig:
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` naming every setting out of range."""
         bad = problems(self)
-        if not (self.prompt_set in PROMPT_SETS or self.prompt_set.startswith("run:")):
-            bad.append(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id>, "
-                            f"got {self.prompt_set!r}")
+        if not self.prompt_set.strip():
+            bad.append(f"prompt set must be one of {', '.join(PROMPT_SETS)}, a split of a stored prompt set or "
+                       "run:<run_id>, got ''")
         if self.lora:
             import importlib.util
             if importlib.util.find_spec("peft") is None:
@@ -87,12 +88,35 @@ class MiniRunConfig:
 
 def task_prompts(task, prompt_set: str, n: int, seed: int) -> list:
     """The training pool of a task prompt set (seeded, disjoint from the held-out seed)."""
+    if prompt_set not in PROMPT_SETS:
+        raise TrainConfigError(f"prompt set must be one of {', '.join(PROMPT_SETS)} or run:<run_id> for task "
+                               f"{task.name!r}, got {prompt_set!r}")
     if prompt_set == "mixed":
         k = max(1, n // 3)
         return (task.make_prompts(k, seed=TRAIN_SEED + seed, difficulty="easy")
                 + task.make_prompts(k, seed=TRAIN_SEED + seed + 1, difficulty="medium")
                 + task.make_prompts(n - 2 * k, seed=TRAIN_SEED + seed + 2, difficulty="hard"))
     return task.make_prompts(n, seed=TRAIN_SEED + seed, difficulty=prompt_set)
+
+
+def train_split(task, prompt_set: str) -> str:
+    """The split a stored prompt set trains on: ``prompt_set`` when the task has that split,
+    else its ``train`` split (else its first)."""
+    if prompt_set in task.splits:
+        return prompt_set
+    if not task.splits:
+        raise TrainConfigError(f"task {task.name!r} has no stored prompts to train on")
+    return "train" if "train" in task.splits else task.splits[0]
+
+
+def heldout_split(task) -> str:
+    """The split a stored prompt set is evaluated on: ``test`` (else ``validation``, else its last)."""
+    for name in ("test", "validation", "val", "heldout"):
+        if name in task.splits:
+            return name
+    if not task.splits:
+        raise TrainConfigError(f"task {task.name!r} has no stored prompts to evaluate on")
+    return task.splits[-1]
 
 
 def heldout_prompts(task, n: int = 200) -> list:

@@ -9,25 +9,23 @@ from __future__ import annotations
 import numpy as np
 
 
-def evaluate_job(policy_path: str, prompts_json: list[dict], task_name: str, k: int = 4, max_new_tokens: int = 40,
+def evaluate_job(policy_path: str, prompts_json: list[dict], task: str | dict, k: int = 4, max_new_tokens: int = 40,
                  seed: int = 0) -> dict:
     """Runs in a worker: accuracy (mean over k samples at temperature 1), pass@k, greedy
-    accuracy, mean completion length and mean token entropy on the given prompts."""
+    accuracy, mean completion length and mean token entropy on the given prompts, judged by
+    the task (its name or spec) and read through the policy's chat template."""
     from backends import load_policy
+    from backends.chat import render_all
     from studio.tasks import Prompt, get_task
 
-    task = get_task(task_name)
+    the_task = get_task(task)
     policy = load_policy(policy_path)
-    prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
-    gens = policy.sample([p.text for p in prompts], n=k, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed,
-                         top_k_stats=1)
-    greedy = policy.sample([p.text for p in prompts], n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed,
-                           top_k_stats=1)
-    ok = np.array([task.is_correct(prompts[g.prompt_index],
-                                   task.parse_completion(prompts[g.prompt_index], g.text).answer)
-                   for g in gens]).reshape(len(prompts), k)
-    gok = [task.is_correct(prompts[g.prompt_index], task.parse_completion(prompts[g.prompt_index], g.text).answer)
-           for g in greedy]
+    prompts = [Prompt.from_json(p) for p in prompts_json]
+    inputs = render_all(policy.tokenizer, [the_task.policy_input(p) for p in prompts])
+    gens = policy.sample(inputs, n=k, temperature=1.0, max_new_tokens=max_new_tokens, seed=seed, top_k_stats=1)
+    greedy = policy.sample(inputs, n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed, top_k_stats=1)
+    ok = np.array([bool(the_task.verdict(prompts[g.prompt_index], g.text)[1]) for g in gens]).reshape(len(prompts), k)
+    gok = [bool(the_task.verdict(prompts[g.prompt_index], g.text)[1]) for g in greedy]
     ents = np.concatenate([g.entropies for g in gens if g.n_tokens]) if gens else np.zeros(1)
     return {"accuracy": float(ok.mean()), f"pass@{k}": float(ok.any(axis=1).mean()),
             "greedy_accuracy": float(np.mean(gok)),

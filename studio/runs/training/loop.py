@@ -70,6 +70,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     import torch
 
     from backends import load_policy
+    from backends.chat import render_all
     from studio.tasks import Prompt, get_task
 
     cfg = MiniRunConfig.from_dict(cfg_dict)
@@ -77,10 +78,12 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     if pick_device() == "cpu":
         torch.set_num_threads(cpu_threads())  # one core stays with the owner writing each step
     task = get_task(task_name)
-    prompts = [Prompt(p["text"], p["gold"]) for p in prompts_json]
+    prompts = [Prompt.from_json(p) for p in prompts_json]
     torch.manual_seed(cfg.seed)
     policy = load_policy(resume_from or policy_path)
     model, tok = policy.model, policy.tokenizer
+    # what the policy reads for each prompt: its chat rendered with the policy's template (backends.chat)
+    inputs = dict(zip((p.text for p in prompts), render_all(tok, [task.policy_input(p) for p in prompts]), strict=True))
     device = policy.device
     ref = copy.deepcopy(load_policy(policy_path).model).eval() if cfg.kl_beta > 0 else None
     if ref is not None:
@@ -109,10 +112,11 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     sampler = None
     if overlap:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the threads left to models, split with the sampler
-        sampler = OverlappedSampler(model, resume_from or policy_path, cfg, prompts_json, order, start_step)
+        sampler = OverlappedSampler(model, resume_from or policy_path, cfg, [{"text": inputs[p.text]} for p in prompts],
+                                   order, start_step)
     try:
-        step, last_ckpt = _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn,
-                                 task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
+        step, last_ckpt = _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt,
+                                 reward_fn, task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
     finally:
         if sampler is not None:
             sampler.close()  # before the run is reported ended: nothing of it runs on after
@@ -124,9 +128,10 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     queue.put({"type": "done", "status": "done", "step": step})
 
 
-def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt, reward_fn, task, pad, device,
+def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt, reward_fn, task, pad, device,
            sampler, queue, stop, ckpt_dir, last_ckpt):
-    """The training loop; returns (last step, last checkpoint), or (None, …) when stopped."""
+    """The training loop; returns (last step, last checkpoint), or (None, …) when stopped. ``inputs``: the
+    text the policy reads for each prompt text."""
     import torch
 
     from backends.trainer import (
@@ -144,9 +149,9 @@ def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt
         t0 = time.perf_counter()
         picked = _picked(prompts, order, step, cfg.prompts_per_step)
         if sampler is None:
-            gens = policy.sample([p.text for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
+            gens = policy.sample([inputs[p.text] for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
                                  max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
-            p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
+            p_ids = [tok(inputs[picked[g.prompt_index].text])["input_ids"] for g in gens]
             t_sample, lag = time.perf_counter() - t0, 0
         else:  # sampled while the last step trained (sample_s: the sampler's own time, overlapped)
             gens, p_ids, t_sample, lag = sampler.next_batch(step)
@@ -209,12 +214,8 @@ def _steps(cfg, start_step, prompts, order, policy, model, tok, ref, params, opt
                 vals = np.array([np.nan if r.get(c) is None else r[c] for r in rewards], dtype=np.float64)
                 metrics[f"reward/{c}"] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
                 metrics[f"reward_std/{c}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
-        if "accuracy" in comps:
-            metrics["accuracy"] = metrics["reward/accuracy"]
-        else:  # a reward without an accuracy component (a reward model, a user rule): the task's own check
-            metrics["accuracy"] = float(np.mean([
-                task.is_correct(picked[g.prompt_index], task.parse_completion(picked[g.prompt_index], g.text).answer)
-                for g in gens]))
+        # correctness is the task's verdict, whatever the reward reads (a reward model, a rule without accuracy)
+        metrics["accuracy"] = float(np.mean([bool(task.verdict(picked[g.prompt_index], g.text)[1]) for g in gens]))
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
                          token_weights=[float(x) * m for x, m in zip(adv, emasks, strict=False)], metrics=metrics,
