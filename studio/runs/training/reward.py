@@ -24,8 +24,8 @@ class RewardFn:
     def __init__(self, spec: dict, task):
         self.spec, self.task = spec, task
         if spec["kind"] == "builtin":
-            from studio.rewards import DEFAULT_RULES
-            self.rule = DEFAULT_RULES[task.name]
+            from studio.rewards import default_rule
+            self.rule = default_rule(task)
         elif spec["kind"] == "rule":
             from studio.rewards.sandbox import Limits, source_sha
             self.limits = Limits()
@@ -52,7 +52,7 @@ class RewardFn:
         from studio.rewards import sandbox
         rows = [(str(i), p.text, json.dumps(p.gold), c)
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=False))]
-        fut = sandbox.pool(self.limits).submit(sandbox.score_chunk, self.spec["source"], self.sha, self.task.name,
+        fut = sandbox.pool(self.limits).submit(sandbox.score_chunk, self.spec["source"], self.sha, self.task.spec,
                                                rows, self.limits.call_s)
         rewards, steps, _ = fut.result(timeout=self.limits.budget_s)
         out, errors = [dict() for _ in completions], [dict() for _ in completions]
