@@ -104,9 +104,66 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")  # transformers
 # imports this module again in the child; torch and TRL are imported inside the functions.
 from benchmarks import smoke  # noqa: E402
 
-TASK = "arithmetic"
 TARGET_SPEEDUP = 1.5
 TARGET_GAIN_POINTS = 10.0
+
+
+class World:
+    """What differs between the two sample worlds: policy, task, prompts and completion length.
+
+    ``arithmetic``: the char-level sample policy on the arithmetic task (text prompts).
+    ``chat``: the realistic world's chat policy (a tiny Qwen2 with a ChatML template) on the
+    word-problem prompt set a store seeded with ``sample_data/chat_rollouts`` holds (its
+    ``train`` split to train on, its ``test`` split held out); prompts go through the chat
+    template on both sides (TRL gets them conversational, as its users give them), the
+    reward is the free-text rule ``math`` (math-verify on the boxed answer, + 0.1 format).
+    """
+
+    def __init__(self, name: str):
+        from sample_data import CHAT_POLICY_DIR, CHAT_ROLLOUTS_DIR, POLICY_DIR, WORDPROBLEMS_TASK
+
+        self.name, self.chat = name, name == "chat"
+        self.policy = CHAT_POLICY_DIR if self.chat else POLICY_DIR
+        self.task = WORDPROBLEMS_TASK if self.chat else "arithmetic"
+        self.seed_dir = CHAT_ROLLOUTS_DIR if self.chat else None
+        self.suffix = "_chat" if self.chat else ""
+        self.max_new_tokens = 96 if self.chat else None  # the config's default (40) for arithmetic
+
+    def config(self, **kw):
+        from studio.runs.training import MiniRunConfig
+
+        extra = {"policy": str(self.policy), "prompt_set": "train", "max_new_tokens": self.max_new_tokens} \
+            if self.chat else {}
+        return MiniRunConfig(**(extra | kw))
+
+    def pool(self, store, n: int, seed: int) -> list:
+        from studio.queries.prompts import draw_prompts
+        from studio.runs.training import task_prompts, train_split
+        from studio.tasks import get_task
+
+        task = get_task(self.task)
+        if task.generates:
+            return task_prompts(task, self.config().prompt_set, n, seed)
+        return draw_prompts(store, self.task, n, seed=seed, split=train_split(task, "train"))
+
+    def heldout(self, store, n: int) -> list:
+        from studio.queries.prompts import draw_prompts
+        from studio.runs.training import heldout_prompts, heldout_split
+        from studio.tasks import get_task
+
+        task = get_task(self.task)
+        if task.generates:
+            return heldout_prompts(task, n)
+        return draw_prompts(store, self.task, n, seed=0, split=heldout_split(task))
+
+
+W: World | None = None  # set by main()
+
+
+def _task():
+    from studio.tasks import get_task
+
+    return get_task(W.task)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -155,11 +212,10 @@ def _intervals(seen: list[tuple[int, float]]) -> list[float]:
 
 def ours_round(store, steps: int, seed: int, overlap: bool = True) -> dict:
     from studio.runs import minirun
-    from studio.runs.training import MiniRunConfig
 
-    cfg = MiniRunConfig(steps=steps, checkpoint_every=100_000, seed=seed, overlap=overlap)  # the rest: defaults
+    cfg = W.config(steps=steps, checkpoint_every=100_000, seed=seed, overlap=overlap)  # the rest: defaults
     t0 = time.perf_counter()
-    run_id = minirun.start(store, cfg, name=f"bench timing round seed {seed}")
+    run_id = minirun.start(store, cfg, name=f"bench timing round seed {seed}", task=W.task)
     st = minirun.state_of(run_id)
     seen = _watch(st)
     st = minirun.wait(run_id, 600)
@@ -178,16 +234,19 @@ def ours_round(store, steps: int, seed: int, overlap: bool = True) -> dict:
 # TRL: GRPOTrainer on the same policy, settings and reward
 # --------------------------------------------------------------------------------------
 def trl_reward(prompts_pool):
-    from studio.rewards import DEFAULT_RULES
+    from studio.rewards import default_rule
     from studio.tasks import get_task
 
-    task, rule = get_task(TASK), DEFAULT_RULES[TASK]
+    task, rule = get_task(W.task), default_rule(W.task)
     by_text = {p.text: p for p in prompts_pool}
+
+    def content(x):  # a conversational prompt or completion: its last message's text
+        return x[-1]["content"] if isinstance(x, list) else x
 
     def arithmetic_total(prompts, completions, **kwargs):
         out = []
         for p, c in zip(prompts, completions, strict=True):
-            v = rule.score_detailed(task, by_text[p], c)[0]["total"]
+            v = rule.score_detailed(task, by_text[content(p)], content(c))[0]["total"]
             out.append(None if v is None else float(v))  # None: TRL's "no reward" (ours: 0 in the advantage)
         return out
 
@@ -201,10 +260,7 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from sample_data import POLICY_DIR
-    from studio.runs.training import MiniRunConfig
-
-    d = MiniRunConfig()
+    d = W.config()
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -226,9 +282,10 @@ def trl_round(steps: int, seed: int, prompts_pool, out_dir: str, threads: int) -
         disable_tqdm=True, seed=seed)
     clock = StepClock()
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=str(POLICY_DIR), reward_funcs=trl_reward(prompts_pool), args=args,
-                          train_dataset=Dataset.from_dict({"prompt": [p.text for p in prompts_pool]}),
-                          callbacks=[clock])
+    task = _task()
+    prompts = [task.messages(p) if W.chat else p.text for p in prompts_pool]  # TRL templates conversational prompts
+    trainer = GRPOTrainer(model=str(W.policy), reward_funcs=trl_reward(prompts_pool), args=args,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     gen_s = []
     gen = trainer._generate_and_score_completions
@@ -266,18 +323,18 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
     import numpy as np
     import torch
 
+    from backends.chat import render
     from backends.policy import Policy
     from backends.trainer import backward, grad_norm, length_buckets, micro_batches
-    from sample_data import POLICY_DIR
-    from studio.rewards import DEFAULT_RULES
-    from studio.runs.training import MiniRunConfig, RewardFn
+    from studio.rewards import default_rule
+    from studio.runs.training import RewardFn
     from studio.runs.training.loop import _advantages
-    from studio.tasks import get_task
 
-    d = MiniRunConfig()
-    task, rule = get_task(TASK), DEFAULT_RULES[TASK]
-    policy = Policy(str(POLICY_DIR))  # a fresh copy (load_policy caches): the updates stay here
+    d = W.config()
+    task, rule = _task(), default_rule(W.task)
+    policy = Policy(str(W.policy))  # a fresh copy (load_policy caches): the updates stay here
     model, tok = policy.model, policy.tokenizer
+    seen = {p.text: render(tok, task.policy_input(p)) for p in prompts_pool}  # what the policy reads
     model.eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     params = [p for p in model.parameters() if p.requires_grad]
@@ -293,7 +350,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         lo = (step * d.prompts_per_step) % len(prompts_pool)
         picked = prompts_pool[lo:lo + d.prompts_per_step]
         t0 = t = time.perf_counter()
-        gens = policy.sample([p.text for p in picked], n=d.group_size, temperature=d.temperature, top_p=1.0,
+        gens = policy.sample([seen[p.text] for p in picked], n=d.group_size, temperature=d.temperature, top_p=1.0,
                              max_new_tokens=d.max_new_tokens, seed=step, top_k_stats=5)
         t = lap("sample (64 x <=40 tokens, with per-token stats)", t)
         rewards, _, _ = RewardFn({"kind": "builtin"}, task)([picked[g.prompt_index] for g in gens],
@@ -305,7 +362,7 @@ def breakdown(prompts_pool, steps: int = 6) -> dict[str, float]:
         total = np.array([np.nan if r.get("total") is None else r["total"] for r in rewards])
         groups = np.array([g.prompt_index for g in gens])
         adv = torch.tensor(_advantages(d.estimator, total, groups), dtype=torch.float32)
-        p_ids = [tok(picked[g.prompt_index].text)["input_ids"] for g in gens]
+        p_ids = [tok(seen[picked[g.prompt_index].text])["input_ids"] for g in gens]
         c_ids = [g.token_ids.tolist() for g in gens]
         buckets = length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids, strict=True)])
         batches = micro_batches(p_ids, c_ids, adv, buckets, d.loss_type)
@@ -328,19 +385,19 @@ def evaluate(policy_path: str, heldout: list[dict], k: int, seed: int) -> tuple[
     from studio.runs.training import evaluate_job
 
     t = time.perf_counter()
-    res = evaluate_job(policy_path, heldout, TASK, k=k, seed=seed)
+    res = evaluate_job(policy_path, heldout, _task().spec, k=k, seed=seed,
+                       max_new_tokens=W.config().max_new_tokens)
     return res, time.perf_counter() - t
 
 
 def learning_run(store, minutes: float, n_prompts: int | None = None) -> dict:
     from studio.runs import minirun
-    from studio.runs.training import MiniRunConfig
 
-    cfg = MiniRunConfig(steps=100_000)  # the defaults; more steps than the budget allows: stopped on time
+    cfg = W.config(steps=100_000)  # the defaults; more steps than the budget allows: stopped on time
     if n_prompts:
         cfg.n_prompts = n_prompts
     t0 = time.perf_counter()
-    run_id = minirun.start(store, cfg, name="bench learning")
+    run_id = minirun.start(store, cfg, name="bench learning", task=W.task)
     st = minirun.state_of(run_id)
     seen = _watch(st, until=t0 + minutes * 60)
     t_stop = time.perf_counter()
@@ -386,7 +443,12 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=None,
                     help="training pool of the learning run (default: MiniRunConfig's n_prompts, 64)")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the per-part split of one step")
+    ap.add_argument("--world", choices=("arithmetic", "chat"), default="arithmetic",
+                    help="which sample world: the arithmetic one (figures minirun_step_s, minirun_accuracy_gain_points) "
+                         "or the realistic chat one (the same figures with _chat)")
     args = smoke.parse_args(ap, timing_steps=2, rounds=1, heldout=8, eval_k=1)
+    global W
+    W = World(args.world)
     if args.timing_steps < 2 or args.rounds < 1:
         raise SystemExit("--timing-steps must be >= 2 and --rounds >= 1")
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -400,25 +462,23 @@ def main() -> None:
     import trl  # imported once, before any timing
 
     from backends.device import cpu_threads
-    from studio.runs.training import MiniRunConfig, heldout_prompts, task_prompts
     from studio.store import Store
-    from studio.tasks import get_task
 
-    d = MiniRunConfig()
-    task = get_task(TASK)
-    pool = task_prompts(task, d.prompt_set, d.n_prompts, d.seed)
+    d = W.config()
+    tmp_dir = tempfile.TemporaryDirectory(prefix="bench-minirun-")
+    store = Store.open(Path(tmp_dir.name) / "s.duckdb", seed_dir=W.seed_dir)  # the chat world: its prompt set
+    pool = W.pool(store, d.n_prompts, d.seed)
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads, os.cpu_count() = {os.cpu_count()}), "
           f"transformers {transformers.__version__}, trl {trl.__version__} (imports {time.perf_counter() - t:.1f} s); "
           f"{_load()}", flush=True)
     print(f"step settings on both sides: {d.prompts_per_step} prompts x group {d.group_size} = "
           f"{d.prompts_per_step * d.group_size} completions, <= {d.max_new_tokens} new tokens, temperature "
           f"{d.temperature}, lr {d.learning_rate:g} (constant), beta {d.kl_beta}, clip eps {d.clip_eps}, "
-          f"mu {d.iterations}, loss '{d.loss_type}', estimator '{d.estimator}', reward: the '{TASK}' rule total; "
+          f"mu {d.iterations}, loss '{d.loss_type}', estimator '{d.estimator}', reward: the '{_task().name}' task's built-in rule total; "
           f"training pool: '{d.prompt_set}', {len(pool)} prompts", flush=True)
 
     ours_r, onpolicy_r, trl_r = [], [], []
-    with tempfile.TemporaryDirectory(prefix="bench-minirun-") as tmp:
-        store = Store.open(Path(tmp) / "s.duckdb")
+    with tmp_dir as tmp:
         try:
             # ---------------------------------------------------------------- step time
             print(f"\ntiming: {args.rounds} rounds x {args.timing_steps} steps on each side, alternating", flush=True)
@@ -474,13 +534,12 @@ def main() -> None:
                     torch.set_num_threads(before_threads)
 
             # ---------------------------------------------------------------- learning
-            heldout = [{"text": p.text, "gold": p.gold} for p in heldout_prompts(task, args.heldout)]
-            learn_pool = task_prompts(task, d.prompt_set, args.pool or d.n_prompts, d.seed)
+            heldout = [p.to_json() for p in W.heldout(store, args.heldout)]
+            learn_pool = W.pool(store, args.pool or d.n_prompts, d.seed)
             overlap = len({h["text"] for h in heldout} & {p.text for p in learn_pool})
-            from sample_data import POLICY_DIR
             print(f"\nlearning: evaluating the sample policy on {len(heldout)} held-out prompts "
                   f"(k = {args.eval_k} at temperature 1 + greedy, seed {args.eval_seed}) ...", flush=True)
-            before, ev_before_s = evaluate(str(POLICY_DIR), heldout, args.eval_k, args.eval_seed)
+            before, ev_before_s = evaluate(str(W.policy), heldout, args.eval_k, args.eval_seed)
             print(f"  before: sampled {before['accuracy']:.3f}, greedy {before['greedy_accuracy']:.3f} "
                   f"({ev_before_s:.1f} s); {_load()}", flush=True)
             what = "a default mini-run" if not args.pool else f"a default mini-run on a pool of {args.pool} prompts"
@@ -554,9 +613,9 @@ def main() -> None:
     print(f"  load average at start {load0[0]:.2f}, at end {os.getloadavg()[0]:.2f} (1 min; the machine is shared)")
     print(f"\n(total {time.perf_counter() - started:.0f} s)\n")
 
-    print(json.dumps({"figure": "minirun_step_s", "value": round(ours_s, 3), "unit": "s", "baseline": "trl_grpo_step_s",
+    print(json.dumps({"figure": f"minirun_step_s{W.suffix}", "value": round(ours_s, 3), "unit": "s", "baseline": "trl_grpo_step_s",
                       "baseline_value": round(trl_s, 3), "ratio": _ratio(ours_s, trl_s)}))
-    print(json.dumps({"figure": "minirun_accuracy_gain_points", "value": round(gain, 1), "unit": "points",
+    print(json.dumps({"figure": f"minirun_accuracy_gain_points{W.suffix}", "value": round(gain, 1), "unit": "points",
                       "baseline": "accuracy_before_points", "baseline_value": round(100 * before["accuracy"], 1),
                       "ratio": None}))
 

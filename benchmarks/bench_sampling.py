@@ -18,10 +18,13 @@ All methods get the same model, the same left-padded batch of prompts, the same 
 the same number of new tokens (the end token is disabled, so every row runs to
 ``max_new_tokens``).
 
-Two cases:
+Three cases:
   (a) the sample policy (``sample_data/policy``, a ~0.8M-parameter char-level GPT-2);
   (b) a randomly initialised Llama-style model with a 151,936-token vocabulary (Qwen's
-      size), where keeping every step's logits is what costs memory.
+      size), where keeping every step's logits is what costs memory;
+  (c) the realistic world's chat policy (``sample_data/chat_policy``, a tiny Qwen2 with a BPE
+      tokenizer) on word problems through its chat template: ``sampling_speed_chat_policy``
+      (target >= 1.0), skipped with a note when the folder is absent.
 
 Everything runs in subprocesses (this script with the hidden ``--worker`` option). Peak
 memory: one fresh process per (case, method), reporting the peak resident-set increase
@@ -57,14 +60,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
 from benchmarks import smoke  # noqa: E402
-from sample_data import POLICY_DIR  # noqa: E402
+from sample_data import CHAT_POLICY_DIR, POLICY_DIR  # noqa: E402
 
 RESULT_TAG = "@@bench-result "
 TOPK = 5
 # per-case defaults: (batch, new tokens)
-DEFAULTS = {"sample_policy": (64, 40), "150k_vocab": (16, 64)}
+DEFAULTS = {"sample_policy": (64, 40), "150k_vocab": (16, 64), "chat_policy": (32, 96)}
 # a sample-policy run takes well under a second, where scheduler noise dominates: repeat it more
-REPS_SCALE = {"sample_policy": 5, "150k_vocab": 1}
+REPS_SCALE = {"sample_policy": 5, "150k_vocab": 1, "chat_policy": 2}
 METHODS = ("ours", "per_step", "stacked")
 LABELS = {"ours": "backend sample_batch (stats on the fly)", "per_step": "generate(output_scores) + per-step stats",
           "stacked": "generate(output_scores) + stacked stats"}
@@ -142,6 +145,15 @@ def bench_prompts(n: int, seed: int) -> list[str]:
         terms = [str(rng.randint(0, 10 ** rng.randint(1, 2) - 1)) for _ in range(rng.randint(2, 4))]
         out.append("Q: " + "".join(t if i == 0 else rng.choice("+-") + t for i, t in enumerate(terms)) + "=")
     return out
+
+
+def chat_prompts(tok, n: int, seed: int) -> list[str]:
+    """Word problems of the realistic sample world through the chat policy's template, as the
+    studio gives them to it (``backends.chat.render``)."""
+    from backends.chat import render
+    from sample_data.wordproblems import make_split
+
+    return [render(tok, {"messages": [{"role": "user", "content": p["question"]}]}) for p in make_split(n, seed)]
 
 
 def run_ours(model, tok, prompts, new_tokens, seed):
@@ -232,7 +244,7 @@ def measure(mode: str, model_dir: Path, tokenizer_dir: Path, batch: int, new_tok
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # fixed length for every method
     tok = _NoEosTokenizer(tok)
-    prompts = bench_prompts(batch, seed)
+    prompts = chat_prompts(tok, batch, seed) if getattr(tok, "chat_template", None) else bench_prompts(batch, seed)
 
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
     longest = max(len(tok(p)["input_ids"]) for p in prompts)
@@ -331,16 +343,21 @@ def main(args) -> None:
         print(f"building a random {args.vocab}-token model ({args.layers} layers, hidden {args.hidden}) ...",
               flush=True)
         build_random_model(big, args.vocab, args.hidden, args.layers, args.seed)
-        # the sample char tokenizer encodes the prompts for both models (its ids are valid in any vocab)
-        cases = {"sample_policy": policy, "150k_vocab": big}
-        for case, model_dir in cases.items():
+        # the sample char tokenizer encodes the prompts for both models (its ids are valid in any vocab);
+        # the chat policy reads templated word problems with its own tokenizer
+        cases = {"sample_policy": (policy, policy), "150k_vocab": (big, policy)}
+        if (args.chat_policy / "config.json").is_file():
+            cases["chat_policy"] = (args.chat_policy, args.chat_policy)
+        else:
+            print(f"  no chat policy at {args.chat_policy}: build it with `python -m sample_data.build_chat_policy`")
+        for case, (model_dir, tok_dir) in cases.items():
             shape = (args.batch or DEFAULTS[case][0], args.new_tokens or DEFAULTS[case][1])
             print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: memory ...", flush=True)
             for method in METHODS:
-                mem[case, method] = run(f"mem-{method}", model_dir, policy, *shape, args.reps, args.seed)["peak_mb"]
+                mem[case, method] = run(f"mem-{method}", model_dir, tok_dir, *shape, args.reps, args.seed)["peak_mb"]
             reps = args.reps * (1 if args.smoke else REPS_SCALE[case])
             print(f"  {case}: batch {shape[0]} x {shape[1]} new tokens: time, {reps} reps ...", flush=True)
-            timing[case] = run("time", model_dir, policy, *shape, reps, args.seed)
+            timing[case] = run("time", model_dir, tok_dir, *shape, reps, args.seed)
 
     print()
     print(f"{'case':<14} {'method':<42} {'tokens':>7} {'median s':>9} {'tokens/s':>10} {'peak MB':>9} "
@@ -363,8 +380,10 @@ def main(args) -> None:
         a = _ratio(speed["sample_policy", "ours"], speed["sample_policy", base])
         b = _ratio(speed["150k_vocab", "ours"], speed["150k_vocab", base])
         m = _ratio(mem["150k_vocab", "ours"], mem["150k_vocab", base])
+        c = _ratio(speed["chat_policy", "ours"], speed["chat_policy", base]) if "chat_policy" in timing else None
         print(f"against generate + {base.replace('_', '-')} statistics:")
         for label, x, ok in (("(a) sample policy speed ratio >= 1.0:", a, a is not None and a >= 1.0),
+                             ("(c) chat policy speed ratio >= 1.0:  ", c, c is not None and c >= 1.0),
                              ("(b) 150k-vocab speed ratio >= 1.2:  ", b, b is not None and b >= 1.2),
                              ("(b) 150k-vocab memory ratio <= 0.5: ", m, m is not None and m <= 0.5)):
             print(f"  target {label} {x}  {'met' if ok else 'NOT met'}")
@@ -373,7 +392,7 @@ def main(args) -> None:
     print()
     for base, prefix in BASELINES.items():
         tail = "" if base == "per_step" else f"_vs_{base}"
-        for case in ("sample_policy", "150k_vocab"):
+        for case in timing:
             print(json.dumps({"figure": f"sampling_speed_{case}{tail}", "value": round(speed[case, "ours"], 1),
                               "unit": "tokens/s", "baseline": f"{prefix}_tokens_s",
                               "baseline_value": round(speed[case, base], 1),
@@ -394,6 +413,8 @@ def parse_args(argv=None):
     ap.add_argument("--hidden", type=int, default=256, help="hidden size of the random model")
     ap.add_argument("--layers", type=int, default=2, help="layers of the random model")
     ap.add_argument("--policy", type=Path, default=POLICY_DIR, help="sample policy folder (default sample_data/policy)")
+    ap.add_argument("--chat-policy", type=Path, default=CHAT_POLICY_DIR,
+                    help="the realistic world's chat policy (default sample_data/chat_policy)")
     ap.add_argument("--seed", type=int, default=0)
     # worker mode: a measurement on one model in a fresh process (spawned by main)
     ap.add_argument("--worker", choices=[f"mem-{m}" for m in METHODS] + ["time"], help=argparse.SUPPRESS)

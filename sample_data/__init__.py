@@ -1,4 +1,12 @@
-"""The embedded default: the tiny sample policy and pre-generated sample rollouts.
+"""The embedded default: two sample worlds, each a policy and pre-generated sample rollouts.
+
+The arithmetic world (the studio's first): ``POLICY_DIR`` on the arithmetic task. The realistic
+world: ``CHAT_POLICY_DIR`` (a tiny Qwen2 chat model with a BPE tokenizer and a ChatML template,
+answering ``<think>…</think>`` then ``\\boxed{n}``; ``python -m sample_data.build_chat_policy``)
+on GSM8K-shaped word problems (``WORDPROBLEMS_DIR``: ``gsm8k/`` and ``math/`` column shapes,
+``python -m sample_data.wordproblems``), stored as the prompt set ``WORDPROBLEMS_TASK``;
+``CHAT_ROLLOUTS_DIR`` seeds it with its rollouts (``python -m sample_data.make_chat_rollouts``).
+A new store is seeded with both (``SEED_DIRS``).
 
 ``POLICY_DIR`` is a transformers folder (``save_pretrained``) rebuilt by
 ``python -m sample_data.build_policy``; ``EARLY_POLICY_DIR`` is the same training run
@@ -15,3 +23,8 @@ REWARD_MODEL_DIR = HERE / "reward_model"  # python -m sample_data.build_reward_m
 PRM_DIR = HERE / "prm"  # python -m sample_data.build_prm
 VALUE_MODEL_DIR = HERE / "value_model"  # python -m sample_data.build_value_model
 ROLLOUTS_DIR = HERE / "rollouts"
+CHAT_POLICY_DIR = HERE / "chat_policy"
+WORDPROBLEMS_DIR = HERE / "wordproblems"
+WORDPROBLEMS_TASK = "wordproblems"
+CHAT_ROLLOUTS_DIR = HERE / "chat_rollouts"
+SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR)

@@ -33,11 +33,13 @@ FIGURES = {
     "bench_launch": {"launch_to_first_page_s"},
     "bench_load": {"load_p95_ms_n2", "load_errors"},
     "bench_minirun": {"minirun_step_s", "minirun_accuracy_gain_points"},
+    "bench_minirun --world chat": {"minirun_step_s_chat", "minirun_accuracy_gain_points_chat"},
     "bench_remote": {"remote_vs_local_speed"},
     "bench_rescore": {"rescore_100k_s"},
     "bench_sampling": {"sampling_speed_sample_policy", "sampling_speed_150k_vocab", "sampling_peak_mem_150k_vocab",
                        "sampling_speed_sample_policy_vs_stacked", "sampling_speed_150k_vocab_vs_stacked",
-                       "sampling_peak_mem_150k_vocab_vs_stacked"},
+                       "sampling_peak_mem_150k_vocab_vs_stacked", "sampling_speed_chat_policy",
+                       "sampling_speed_chat_policy_vs_stacked"},
     "bench_scale": {"rollout_tokens_ms_median", "filtered_page_ms_median", "filtered_page_incorrect_ms_median",
                     "filtered_page_reward_range_ms_median", "group_ms_median", "ingest_rows_per_s"},
 }
@@ -45,9 +47,11 @@ BROWSER = {"bench_fork", "bench_launch"}  # these drive Debian's Chromium (tests
 
 
 def smoke_run(name: str) -> list[dict]:
-    """Run ``benchmarks/<name>.py --smoke``; the JSON objects it printed, one a line."""
-    proc = subprocess.run([sys.executable, f"benchmarks/{name}.py", "--smoke"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+    """Run ``benchmarks/<name>.py --smoke`` (``name`` may carry options after the script's name,
+    e.g. ``bench_minirun --world chat``); the JSON objects it printed, one a line."""
+    script, *options = name.split()
+    proc = subprocess.run([sys.executable, f"benchmarks/{script}.py", *options, "--smoke"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (f"{name} --smoke exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                                   f"{proc.stderr[-5000:]}")
     out = []
@@ -62,7 +66,7 @@ def smoke_run(name: str) -> list[dict]:
 
 def test_every_benchmark_script_is_listed():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("bench_*.py")}
-    assert scripts == set(FIGURES)
+    assert scripts == {name.split()[0] for name in FIGURES}
 
 
 def _number(x) -> bool:

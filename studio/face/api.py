@@ -66,14 +66,14 @@ def open(db: str | Path | None = None, policy: str | Path | None = None, *, crea
             is held by another process (DuckDB lets one process open a file at a time: a
             running ``launch.py`` on the same file must be stopped first).
     """
-    from sample_data import POLICY_DIR, ROLLOUTS_DIR
+    from sample_data import POLICY_DIR, SEED_DIRS
 
     arg_path("db", db, optional=True)
     arg_path("policy", policy, optional=True)
     if not isinstance(create, bool):
         raise StudioAPIError(f"create must be True or False, got {short(create)}")
     if db is None:
-        store = Store.open(default_db_path(), seed_dir=ROLLOUTS_DIR)
+        store = Store.open(default_db_path(), seed_dir=SEED_DIRS)
     elif str(db) == ":memory:" or create:
         store = Store.open(db)
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import panel as pn
 
-from sample_data import POLICY_DIR, ROLLOUTS_DIR
+from sample_data import POLICY_DIR, SEED_DIRS
 from studio.store import Store, StoreError, default_db_path
 
 TITLE = "Rollout Studio"
@@ -23,7 +23,7 @@ TITLE = "Rollout Studio"
 def open_shared_store(db_path: str | Path) -> Store:
     """The process-wide store for ``db_path`` (created and seeded on first use)."""
     key = f"rollout-studio-store:{Path(db_path).expanduser().resolve()}"
-    return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=ROLLOUTS_DIR))
+    return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=SEED_DIRS))
 
 
 class StudioTemplate(pn.template.BootstrapTemplate):

@@ -215,13 +215,13 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
     import panel as pn
 
     from backends import PolicyLoadError, check_policy_folder, is_policy_url
-    from sample_data import POLICY_DIR, ROLLOUTS_DIR
+    from sample_data import POLICY_DIR, SEED_DIRS
     from studio.face.app import create_app
     from studio.store import Store, StoreError, default_db_path
 
     db = args.db or default_db_path()
     try:
-        store = Store.open(db, seed_dir=ROLLOUTS_DIR)
+        store = Store.open(db, seed_dir=SEED_DIRS)
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,8 +122,9 @@ class Store:
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | None = None) -> Store:
-        """Open ``path``, creating it (seeded from ``seed_dir``'s Parquet files) if missing.
+    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | Sequence[str | Path] | None = None) -> Store:
+        """Open ``path``, creating it (seeded from the Parquet files of ``seed_dir``, a folder or
+        several, in order) if missing.
 
         Raises:
             StoreError: the file is not a DuckDB file, is locked by another process, or was
@@ -132,8 +133,8 @@ class Store:
         if str(path) == ":memory:":
             store = cls(duckdb.connect(":memory:"), ":memory:")
             store._create()
-            if seed_dir is not None:
-                store.seed(seed_dir)
+            for folder in _folders(seed_dir):
+                store.seed(folder)
             store.define_tasks()
             return store
         path = Path(path).expanduser()
@@ -164,7 +165,7 @@ class Store:
         return cls.open(path)
 
     @classmethod
-    def _build(cls, path: Path, seed_dir: str | Path | None) -> None:
+    def _build(cls, path: Path, seed_dir: str | Path | Sequence[str | Path] | None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.building-{os.getpid()}")
         tmp.unlink(missing_ok=True)
@@ -172,8 +173,8 @@ class Store:
         try:
             store = cls(con, str(tmp))
             store._create()
-            if seed_dir is not None:
-                store.seed(seed_dir)
+            for folder in _folders(seed_dir):
+                store.seed(folder)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -426,6 +427,14 @@ class Store:
 
     def counts(self) -> dict[str, int]:
         return {t: self.scalar(f"SELECT count(*) FROM {t}") for t in ("runs", "prompts", "rollouts", "tokens")}
+
+
+def _folders(seed_dir: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    """The seed folders ``seed_dir`` names (one, several, or none); a missing one is skipped."""
+    if seed_dir is None:
+        return []
+    many = [seed_dir] if isinstance(seed_dir, (str, Path)) else list(seed_dir)
+    return [Path(f) for f in many if Path(f).is_dir()]
 
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
