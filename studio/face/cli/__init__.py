@@ -9,6 +9,7 @@
     rollout-studio enrich    --policy FOLDER [--run ID]                 fill in missing token stats
     rollout-studio minirun   [--steps N] [--resume RUN_ID] …            retrain the policy (a mini-run)
     rollout-studio backend   --policy PATH [--port N] …                 a policy over HTTP (OpenAI API)
+    rollout-studio task      add NAME FILE… [--preset P] | list | show NAME   prompt sets as tasks
 
 One module per subcommand (``studio/face/cli/<name>.py``, each with ``main(argv, prog)``); the
 documented older names ``python -m studio.rules|importers|enrich|minirun|curation`` run the same
@@ -45,6 +46,7 @@ COMMANDS = {
     "enrich": ("enrich", "fill in token ids, log-probs and entropy of imported rollouts with a policy"),
     "minirun": ("minirun", "retrain the policy with a mini-run and store every step"),
     "backend": ("backend", "serve a policy over HTTP with the OpenAI-compatible completions API"),
+    "task": ("task", "bring a prompt set (JSONL, Parquet, CSV, a datasets folder) as a task; list and show tasks"),
 }
 
 
