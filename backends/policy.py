@@ -70,6 +70,16 @@ def _left_pad(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+def _check_context(model, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse, naming the numbers, a prompt whose completion would run past the policy's context
+    (its position embeddings end there: past them a model fails with an index error)."""
+    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if limit and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(f"a prompt of {prompt_tokens} tokens plus up to {max_new_tokens} new tokens runs past the "
+                         f"policy's context of {limit} positions: shorten the prompt (a chat template and a system "
+                         "prompt add tokens) or lower max new tokens")
+
+
 def _sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Distribution to draw from: temperature-scaled, then nucleus-truncated.  [B, V]"""
     probs = torch.softmax(logits / temperature, dim=-1)
@@ -108,6 +118,7 @@ def sample_batch(model, tokenizer, prompts: list[str], n: int = 1, temperature: 
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(n)]
     ids, attn = _left_pad(tokenizer, prompts, device)  # [P, L]: each prompt once
+    _check_context(model, int(attn.sum(-1).max()), max_new_tokens)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     gen = torch.Generator(device=device).manual_seed(seed)
     done = torch.zeros(len(rows), dtype=torch.bool, device=device)
