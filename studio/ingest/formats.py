@@ -70,7 +70,9 @@ class ColumnMapping:
 
 # Each format: a ColumnMapping field -> the source names that may fill it, the first present wins.
 FORMAT_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
-    "trl": {"prompt": ("prompt",), "completion": ("completion",), "step": ("step",), "advantage": ("advantage",)},
+    "trl": {"prompt": ("prompt",), "completion": ("completion",), "step": ("step",), "advantage": ("advantage",),
+            # a reward function's extra logs (or a hand-added column) carrying the data set's answer
+            "gold": ("answer", "gold", "ground_truth", "solution")},
     "verl": {"prompt": ("input",), "completion": ("output",), "gold": ("gts",), "reward": ("score",),
              "step": ("step",)},
     "openrlhf": {
