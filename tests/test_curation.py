@@ -306,9 +306,13 @@ def test_step_pairs_from_a_real_fork_tree(seeded_store, tmp_path):
         assert row["prompt"] + row["chosen"] == prompt + texts[p["chosen_rollout_id"]]
         assert row["prompt"] + row["rejected"] == prompt + texts[p["rejected_rollout_id"]]
     assert json.loads(out.provenance_path.read_text())["kinds"] == {"step": len(rows)}
-    # messages cannot hold a partial answer: the conversational style refuses step pairs, and says what to do
-    with pytest.raises(CurationError, match=f"{len(rows)} of the accepted pairs are step pairs.*standard style"):
-        curation.export(seeded_store, tmp_path / "conv.jsonl", style="conversational")
+    # a message cannot end mid-answer: conversational, the prefix starts both assistant messages
+    conv = curation.export(seeded_store, tmp_path / "conv.jsonl", style="conversational")
+    for row, pid in zip(map(json.loads, conv.path.read_text().splitlines()), sorted(by_id.index)):
+        p = by_id.loc[pid]
+        assert row["prompt"] == [{"role": "user", "content": prompt}]
+        assert row["chosen"] == [{"role": "assistant", "content": texts[p["chosen_rollout_id"]]}]
+        assert row["rejected"] == [{"role": "assistant", "content": texts[p["rejected_rollout_id"]]}]
     # a hand pick of two branches of the fork is a step pair too
     a, b = sorted(forced_ids)[:2]
     hp = curation.hand_pick(seeded_store, a, b)

@@ -91,15 +91,16 @@ def test_trl_completions_tables_import_steps_groups_rewards_and_advantages(store
     assert files["n_rows"].tolist() == [8, 8] and (files["consumed"] == files["size"]).all()
 
 
-def test_trl_conversational_prompts_are_rendered_with_their_messages_kept(store, tmp_path):
+def test_trl_conversational_prompts_keep_their_messages(store, tmp_path):
     out = tmp_path / "chat-run"
     prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     completions = [[{"role": "assistant", "content": f"It is {a}."}] for a in (4, 5, 4, 3)]
     trl_log(out, 1, [prompt] * 4, completions, {"accuracy_reward": [1.0, 0.0, 1.0, 0.0]})
     rep = import_run(store, out, "trl")
     p = store.df("SELECT * FROM prompts").iloc[0]
-    assert p["text"] == "system: Be brief.\nuser: 2+2?"
-    assert json.loads(p["meta"])["messages"] == prompt
+    assert p["text"] == "2+2?"  # the last user message; the messages are the prompt's chat
+    assert json.loads(p["messages"]) == prompt
+    assert store.scalar("SELECT count(*) FROM rollouts WHERE prompt_text IS NOT NULL") == 0  # no templated string given
     assert sorted(store.df("SELECT text FROM rollouts")["text"]) == ["It is 3.", "It is 4.", "It is 4.", "It is 5."]
     assert rep.n_rollouts == 4 and store.scalar("SELECT count(DISTINCT group_id) FROM rollouts") == 1
 

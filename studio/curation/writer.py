@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from studio.curation.errors import CurationError, NothingToExport, StalePairsError
-from studio.curation.formats import FORMATS, STYLES, _rows_sql, _selection_sql, _step_source, _texts_sql
+from studio.curation.formats import FORMATS, STYLES, _prompts, _rows_sql, _selection_sql, _step_source, _texts_sql
 from studio.curation.provenance import _provenance, _sha256, _write_sidecar, sidecar_of
 from studio.store import Store
 from studio.store.records import new_id, now
@@ -105,10 +105,12 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
             ``stepwise`` (prompt, completions: the rollout's steps, labels: step reward
             from ``step_source`` above ``step_threshold``; with ``answer_step`` the text
             after the last step is one more step labelled by the ``correct_component``
-            being at least ``correct_threshold``). Step pairs carry their shared prefix in
-            the prompt; stepwise rows are the pairs' rollouts, whole.
-        style: ``standard`` (strings) or ``conversational`` (lists of role/content
-            messages; preference and unpaired only, completion-level pairs only).
+            being at least ``correct_threshold``). Step pairs carry their shared prefix at
+            the end of the prompt (standard) or the start of the assistant's message
+            (conversational); stepwise rows are the pairs' rollouts, whole.
+        style: ``standard`` (strings: the prompt's text, never a templated string) or
+            ``conversational`` (lists of role/content messages: the prompt's chat, system
+            prompt included, then the assistant's; preference and unpaired only).
         skip_stale: export without the stale pairs (listed in the provenance) instead of
             refusing.
         build_id, kinds, pair_ids: export only these pairs (of the accepted ones).
@@ -116,7 +118,7 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
     Raises:
         NothingToExport: no accepted pair matches, or the format makes no row of them.
         StalePairsError: some accepted pairs are stale and ``skip_stale`` is False.
-        CurationError: a bad option (format, style, file type, a conversational step pair).
+        CurationError: a bad option (format, style, file type).
     """
     if format not in FORMATS:
         raise CurationError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -177,12 +179,7 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
         if sel.num_rows == 0:
             raise NothingToExport(f"nothing to export: all {len(skipped)} matching accepted pairs are stale")
         cur.register("_sel", sel)
-        if style == "conversational":
-            n_step = cur.execute("SELECT count(*) FROM _sel WHERE kind = 'step'").fetchall()[0][0]
-            if n_step:
-                raise CurationError(f"{n_step} of the accepted pairs are step pairs: they continue a partial "
-                                    "answer, which conversational messages cannot hold. Export them in the "
-                                    "standard style, or only the completion pairs (kinds: completion)")
+        cur.register("_prompts", _prompts(cur, style))
         opts = {"conflicts": conflicts, "step_threshold": step_threshold, "answer_step": answer_step,
                 "correct_component": correct_component, "correct_threshold": correct_threshold}
         extra: dict[str, Any] = {}
@@ -193,7 +190,7 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
                                                     f"{correct_threshold}") if answer_step else None}
         if format == "unpaired":
             extra["unpaired"] = {"conflicts": conflicts, "conflicting_completions": int(cur.execute(
-                f"""WITH t AS ({_texts_sql()}) SELECT count(*) FROM (SELECT prompt, chosen AS c FROM t
+                f"""WITH t AS ({_texts_sql(style)}) SELECT count(*) FROM (SELECT prompt, chosen AS c FROM t
                     INTERSECT SELECT prompt, rejected FROM t)""").fetchall()[0][0])}
         rows_sql, rows_params = _rows_sql(format, style, opts)
         export_id = new_id("x")

@@ -5,14 +5,21 @@ Two ways there, the same result: :func:`arrow_batch` turns a clean Arrow slice i
 columns in vectorised passes and raises :class:`Slow` at the first thing that needs a
 record-by-record look (a null prompt, ragged token lists, a fractional step, ...);
 :func:`records_batch` checks every record on its own, keeps the good ones, and names each bad
-one as a :class:`~studio.ingest.errors.Problem` (file, 1-based line or row, why). Prompts and
-completions given as ``{role, content}`` messages become text (:func:`render_messages`); the
-messages are kept as the prompt's meta.
+one as a :class:`~studio.ingest.errors.Problem` (file, 1-based line or row, why).
+
+Chat prompts keep their messages. A prompt given as ``{role, content}`` messages, or as a
+string a chat template made (verl logs the templated ``input``; :mod:`studio.tasks.chat` reads
+the messages back), becomes: its messages (``prompts.messages``), its last user message as the
+prompt's text, the templated string, when the source gave one, as the text the policy continued
+(``rollouts.prompt_text``), and a key naming the conversation (:func:`~studio.tasks.chat.chat_key`:
+the same messages are one prompt, one GRPO group per step). A completion given as messages is
+its assistant content (:func:`completion_text`).
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +30,7 @@ import pyarrow.compute as pc
 
 from studio.ingest.errors import Problem
 from studio.ingest.formats import INT32, TOKEN_FIELDS, ColumnMapping, arrow_kind, columns_of, value_kind
+from studio.tasks.chat import MARKERS, chat_key, content_text, last_user, parse_templated, plain_messages
 
 
 class Slow(Exception):
@@ -38,7 +46,7 @@ class Batch:
     """Good records of one slice in canonical form, however they were read."""
 
     n: int
-    prompt: pa.Array  # string, messages rendered as `role: content` lines
+    prompt: pa.Array  # string: the prompt's text (a chat's last user message)
     completion: pa.Array  # string
     step: pa.Array  # int32
     group: pa.Array | None  # string
@@ -49,39 +57,64 @@ class Batch:
     tokens: dict[str, pa.Array]  # mapping field -> list array, same length per row where not null
     n_tokens: np.ndarray | None  # int64 per row, -1 where the row has no token fields
     gold: Callable[[np.ndarray], list] | None  # row indices -> gold JSON text
-    meta: Callable[[np.ndarray], list] | None  # row indices -> prompt meta JSON text
+    key: pa.Array | None = None  # string: which prompt a row answers (a chat: chat_key); None: its text
+    messages: Callable[[np.ndarray], list] | None = None  # row indices -> messages JSON text (None: text only)
+    prompt_text: pa.Array | None = None  # string: the templated string the policy continued, where given
 
     def slice(self, a: int, z: int) -> Batch:
         """Rows ``a:z``."""
         def s(x):
             return x.slice(a, z - a) if x is not None else None
-        gold, meta = self.gold, self.meta
+        def rows(f):
+            return (lambda idx: f(np.asarray(idx) + a)) if f else None
         return Batch(z - a, s(self.prompt), s(self.completion), s(self.step), s(self.group), s(self.total),
                      {k: s(v) for k, v in self.components.items()}, s(self.advantage), s(self.finish_reason),
                      {k: s(v) for k, v in self.tokens.items()},
                      self.n_tokens[a:z] if self.n_tokens is not None else None,
-                     (lambda idx: gold(np.asarray(idx) + a)) if gold else None,
-                     (lambda idx: meta(np.asarray(idx) + a)) if meta else None)
+                     rows(self.gold), s(self.key), rows(self.messages), s(self.prompt_text))
 
 
-def _content(m: dict) -> str:
-    c = m.get("content")
-    if isinstance(c, list):  # content blocks (multimodal): their text, images as a mark
-        return "".join(b.get("text") or "" if b.get("type", "text") == "text" else f"<{b.get('type')}>"
-                       for b in c if isinstance(b, dict))
-    return "" if c is None else str(c)
+def _dumps(messages: list[dict]) -> str:
+    return json.dumps(messages, ensure_ascii=False)
 
 
-def render_messages(messages: list[dict], completion: bool = False) -> str:
-    """A conversation as text: one ``role: content`` line per message (a completion of one
-    message: its content alone)."""
-    if completion and len(messages) == 1:
-        return _content(messages[0])
-    return "\n".join(f"{m.get('role') or ''}: {_content(m)}" for m in messages)
+def text_prompt(text: str) -> tuple[str, str, str | None, str | None]:
+    """``(text, key, messages JSON, templated string)`` of a prompt given as a string: a
+    templated one is read back into its messages (text: the last user message).
+
+    >>> text_prompt("<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n")[::2]
+    ('Hi', '[{"role": "user", "content": "Hi"}]')
+    >>> text_prompt("Hi")
+    ('Hi', 'Hi', None, None)
+    """
+    msgs = parse_templated(text)
+    if msgs is None:
+        return text, text, None, None
+    return last_user(msgs), chat_key(msgs), _dumps(msgs), text
 
 
-def _arrow_text(a: pa.Array, completion: bool) -> pa.Array:
-    """Text of a prompt / completion column (the vectorised twin of :func:`render_messages`)."""
+def chat_prompt(messages: list) -> tuple[str, str, str, None]:
+    """``(text, key, messages JSON, None)`` of a prompt given as ``{role, content}`` messages."""
+    msgs = plain_messages(messages)
+    return last_user(msgs), chat_key(msgs), _dumps(msgs), None
+
+
+def completion_text(messages: list) -> str:
+    """A completion given as messages: its assistant messages' content (one message: its content).
+
+    >>> completion_text([{"role": "assistant", "content": "It is 4."}])
+    'It is 4.'
+    >>> completion_text([{"role": "assistant", "content": "Let me check."}, {"role": "tool", "content": "4"},
+    ...                  {"role": "assistant", "content": "It is 4."}])
+    'Let me check.\\nIt is 4.'
+    """
+    said = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"] or \
+        [m for m in messages if isinstance(m, dict)]
+    return "\n".join(content_text(m) for m in said)
+
+
+def _arrow_completion(a: pa.Array) -> pa.Array:
+    """Text of a completion column: text, or one message per row (its content); else :class:`Slow`."""
     if a.null_count:
         raise Slow
     kind = arrow_kind(a.type)
@@ -91,21 +124,53 @@ def _arrow_text(a: pa.Array, completion: bool) -> pa.Array:
         raise Slow
     lists = a.cast(pa.list_(a.type.value_type)) if pa.types.is_large_list(a.type) else a
     flat = pc.list_flatten(lists)
+    ct = flat.type.field("content").type
+    if flat.null_count or not (pa.types.is_string(ct) or pa.types.is_null(ct)) or len(flat) != len(a) \
+            or (np.diff(np.asarray(lists.offsets)) != 1).any():
+        raise Slow  # several messages per completion: the Python pass picks the assistant's
+    return pc.fill_null(flat.field("content").cast(pa.string()), "")
+
+
+_MARKED = "|".join(re.escape(m) for m in MARKERS)
+
+
+def _arrow_prompt(a: pa.Array) -> tuple[pa.Array, pa.Array | None, Callable | None, pa.Array | None]:
+    """``(text, key, messages, templated string)`` of a prompt column (vectorised twin of
+    :func:`text_prompt` / :func:`chat_prompt`); :class:`Slow` where it cannot."""
+    if a.null_count:
+        raise Slow
+    kind = arrow_kind(a.type)
+    if kind == "text":
+        s = a.cast(pa.string())
+        if not pc.any(pc.match_substring_regex(s, _MARKED)).as_py():
+            return s, None, None, None
+        enc = s.dictionary_encode()  # each distinct templated string read once
+        text, key, msgs, templated = zip(*map(text_prompt, enc.dictionary.to_pylist()), strict=True)
+        def col(vals):
+            return pa.array(vals, pa.string()).take(enc.indices)
+        per_row = col(msgs)
+        return col(text), col(key), (lambda idx: per_row.take(pa.array(idx)).to_pylist()), col(templated)
+    if kind != "messages":
+        raise Slow
+    lists = a.cast(pa.list_(a.type.value_type)) if pa.types.is_large_list(a.type) else a
+    flat = pc.list_flatten(lists)
     st = flat.type
     ct = st.field("content").type
-    if flat.null_count or not (pa.types.is_string(ct) or pa.types.is_null(ct)):
+    offsets = np.asarray(lists.offsets) - lists.offsets[0].as_py()
+    lengths = np.diff(offsets)
+    if flat.null_count or not (pa.types.is_string(ct) or pa.types.is_null(ct)) or not len(flat) or (lengths == 0).any():
         raise Slow
     content = pc.fill_null(flat.field("content").cast(pa.string()), "")
     role = (pc.fill_null(flat.field("role").cast(pa.string()), "") if st.get_field_index("role") >= 0
-            else pa.repeat("", len(flat)))
-    offsets = np.asarray(lists.offsets) - lists.offsets[0].as_py()
-    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                                     pc.binary_join_element_wise(role, content, ": ")), "\n")
-    if not completion or len(flat) == 0:
-        return joined
-    lengths = np.diff(offsets)
-    first = content.take(pa.array(np.minimum(offsets[:-1], len(flat) - 1)))
-    return pc.if_else(pa.array(lengths == 1), first, joined)
+            else pa.array([""] * len(flat), pa.string()))
+    # the last user message of each conversation, else its last message (chat.last_user)
+    pos = np.where(pc.equal(role, "user").to_numpy(zero_copy_only=False), np.arange(len(flat)), -1)
+    last = np.maximum.reduceat(pos, offsets[:-1])
+    text = content.take(pa.array(np.where(last >= 0, last, offsets[1:] - 1)))
+    turns = pc.binary_join_element_wise(role, content, "\x1f")
+    key = pc.binary_join_element_wise("\x1d", pc.binary_join(
+        pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), turns), "\x1e"), "")
+    return text, key, (lambda idx: [_dumps(plain_messages(v)) for v in a.take(pa.array(idx)).to_pylist()]), None
 
 
 def _arrow_number(a: pa.Array, n: int) -> pa.Array:
@@ -183,9 +248,9 @@ def arrow_batch(t: pa.Table, m: ColumnMapping, file_step: int | None) -> Batch:
                             or pa.types.is_floating(grp.type)):
         raise Slow
     gold = col.get(m.gold) if m.gold else None
-    prompt_raw = col[m.prompt]
+    text, key, messages, templated = _arrow_prompt(col[m.prompt])
     return Batch(
-        n=n, prompt=_arrow_text(prompt_raw, False), completion=_arrow_text(col[m.completion], True),
+        n=n, prompt=text, completion=_arrow_completion(col[m.completion]),
         step=_arrow_step(col.get(m.step) if m.step else None, n, file_step),
         group=grp.cast(pa.string()) if grp is not None else None,
         total=_arrow_number(col[m.reward], n) if m.reward else None,
@@ -195,18 +260,17 @@ def arrow_batch(t: pa.Table, m: ColumnMapping, file_step: int | None) -> Batch:
         tokens=tokens, n_tokens=lengths,
         gold=(lambda idx: [None if v is None else json.dumps({"answer": v}, default=str)
                            for v in gold.take(pa.array(idx)).to_pylist()]) if gold is not None else None,
-        meta=(lambda idx: [json.dumps({"messages": v}, default=str)
-                           for v in prompt_raw.take(pa.array(idx)).to_pylist()])
-        if arrow_kind(prompt_raw.type) == "messages" else None)
+        key=key, messages=messages, prompt_text=templated)
 
 
-def _py_text(v: Any, col: str, completion: bool) -> tuple[str, list | None]:
+def _py_text(v: Any, col: str, completion: bool) -> tuple:
+    """A completion's text, or a prompt's ``(text, key, messages JSON, templated string)``."""
     if v is None:
         raise Bad(f"missing {col!r}")
     if isinstance(v, str):
-        return v, None
+        return v if completion else text_prompt(v)
     if isinstance(v, list) and all(isinstance(x, dict) for x in v):
-        return render_messages(v, completion), v
+        return completion_text(v) if completion else chat_prompt(v)
     raise Bad(f"{col!r} must be text or a list of {{role, content}} messages, got {value_kind(v)}")
 
 
@@ -255,8 +319,8 @@ def _normalise(obj: Any, m: ColumnMapping, file_step: int | None) -> tuple:
     """One record's canonical values, or :class:`Bad` saying what is wrong with it."""
     if not isinstance(obj, dict):
         raise Bad(f"expected a JSON object, got {value_kind(obj) if obj is not None else 'null'}")
-    prompt, messages = _py_text(obj.get(m.prompt), m.prompt, False)
-    completion, _ = _py_text(obj.get(m.completion), m.completion, True)
+    prompt = _py_text(obj.get(m.prompt), m.prompt, False)
+    completion = _py_text(obj.get(m.completion), m.completion, True)
     step = _py_int(obj.get(m.step), m.step) if m.step else None
     step = file_step if step is None else step
     group = None
@@ -284,8 +348,7 @@ def _normalise(obj: Any, m: ColumnMapping, file_step: int | None) -> tuple:
             toks[fld], n_tok, first = lst, len(lst), first or col
     g = obj.get(m.gold) if m.gold else None
     gold = None if g is None else json.dumps({"answer": g}, default=str)
-    meta = json.dumps({"messages": messages}, default=str) if messages is not None else None
-    return prompt, completion, step, group, total, comps, adv, fin, toks, n_tok, gold, meta
+    return prompt, completion, step, group, total, comps, adv, fin, toks, n_tok, gold
 
 
 def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | None,
@@ -307,9 +370,11 @@ def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int 
         if any(v is not None for v in vals):
             tokens[fld] = pa.array(vals, pa.list_(pa.int64() if fld == "token_ids" else
                                                   pa.string() if fld == "token_texts" else pa.float64()))
-    gold, meta = cols[10], cols[11]
+    gold = cols[10]
+    text, key, messages, templated = zip(*cols[0], strict=True)
+    chat = any(v is not None for v in messages)
     return Batch(
-        n=n, prompt=pa.array(cols[0], pa.string()), completion=pa.array(cols[1], pa.string()),
+        n=n, prompt=pa.array(text, pa.string()), completion=pa.array(cols[1], pa.string()),
         step=pa.array(cols[2], pa.int32()), group=pa.array(cols[3], pa.string()) if m.group else None,
         total=pa.array(cols[4], pa.float64()) if m.reward else None,
         components={c: pa.array([r[i] for r in cols[5]], pa.float64()) for i, c in enumerate(m.rewards)},
@@ -317,4 +382,6 @@ def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int 
         finish_reason=pa.array(cols[7], pa.string()) if m.finish_reason else None,
         tokens=tokens, n_tokens=np.array(cols[9], np.int64) if tokens else None,
         gold=(lambda idx: [gold[i] for i in idx]) if m.gold else None,
-        meta=(lambda idx: [meta[i] for i in idx]) if any(v is not None for v in meta) else None), problems
+        key=pa.array(key, pa.string()) if chat else None,
+        messages=(lambda idx: [messages[i] for i in idx]) if chat else None,
+        prompt_text=pa.array(templated, pa.string()) if any(v is not None for v in templated) else None), problems

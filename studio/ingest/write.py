@@ -61,7 +61,7 @@ class Ctx:
     task: str
     created: Any
     cancel: threading.Event | None
-    prompt_ids: dict = field(default_factory=dict)  # text -> id, prompts written by this import
+    prompt_ids: dict = field(default_factory=dict)  # prompt key (text, or a chat's chat_key) -> id, prompts written
     versions: dict = field(default_factory=dict)  # version id -> reward columns
     n_rollouts: int = 0
     n_tokens: int = 0
@@ -120,7 +120,7 @@ class FileWriter:
         ctx, n = self.ctx, b.n
         if n == 0:
             return
-        enc = b.prompt.dictionary_encode()
+        enc = (b.key if b.key is not None else b.prompt).dictionary_encode()  # a prompt is its text, or its chat
         texts, codes = enc.dictionary.to_pylist(), enc.indices.to_numpy().astype(np.int64)
         pids = [ctx.prompt_ids.get(t) or records.prompt_id(ctx.task, t) for t in texts]
         pid_arr = pa.array(pids, pa.string()).take(enc.indices)
@@ -169,7 +169,7 @@ class FileWriter:
             "prompt_id": pid_arr.take(pa.array(new)), "task": _const(self.ctx.task, len(new), pa.string()),
             "text": b.prompt.take(pa.array(new)),
             "gold": pa.array(b.gold(new) if b.gold else [None] * len(new), pa.string()),
-            "meta": pa.array(b.meta(new) if b.meta else [None] * len(new), pa.string())})}, self.ctx.cur)
+            "messages": pa.array(b.messages(new) if b.messages else [None] * len(new), pa.string())})}, self.ctx.cur)
         for i in new:
             self.ctx.prompt_ids[texts[codes[i]]] = pids[codes[i]]
 
@@ -211,7 +211,8 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
         "n_tokens": pa.array(n_tok, pa.int32(), mask=n_tok < 0) if n_tok is not None else pa.nulls(n, pa.int32()),
         "finish_reason": b.finish_reason if b.finish_reason is not None else pa.nulls(n, pa.string()),
         "created_at": pa.repeat(pa.scalar(ctx.created, pa.timestamp("us")), n),
-        "train_advantage": b.advantage if b.advantage is not None else pa.nulls(n, pa.float64())})
+        "train_advantage": b.advantage if b.advantage is not None else pa.nulls(n, pa.float64()),
+        "prompt_text": b.prompt_text if b.prompt_text is not None else pa.nulls(n, pa.string())})
     names, values, total = _components(b)
     if total is not None:
         vid, _ = version_of(ctx.fmt, src.mapping)
