@@ -26,7 +26,7 @@ from studio.workers.vocab import decode_ids, policy_label
 from widgets.forms import parameter
 
 from .base.clickable import ClickableHTML
-from .base.jobs import Job, start
+from .base.jobs import Job, failure, start
 from .base.state import StudioState
 from .base.style import CSS, REDRAWN, banner, esc
 from .token_strip import VISIBLE_WS, num, token_display
@@ -286,8 +286,14 @@ class ForkPanel(pn.viewable.Viewer):
             except (BranchError, StoreError) as exc:
                 self._status.object = banner("error", str(exc))
                 return
+            except Exception as exc:  # anything else (a policy that will not load, a rollout it cannot read):
+                self._status.object = banner("error", failure("branching", exc))  # never 'branching: …' forever
+                return
         if res.status == "done":
-            also = await rules.score_new_run(st.store, res.run_id, st.rule_version)
+            try:
+                also = await rules.score_new_run(st.store, res.run_id, st.rule_version)
+            except Exception as exc:  # stored, but not scored by the session's rule: say so in place
+                also = f"not scored with {st.rule_version or 'the active rule'}: {type(exc).__name__}: {exc}"
             self._status.object = banner("info" if not also or also.startswith("also") else "warn",
                                          f"{res.rollouts} branch completions stored and scored "
                                          f"(run {res.run_id[-6:]}, on {res.device}{'; ' + also if also else ''}).")
@@ -298,7 +304,7 @@ class ForkPanel(pn.viewable.Viewer):
         elif res.status == "cancelled":
             self._status.object = banner("warn", "cancelled: nothing was stored.")
         else:
-            self._status.object = banner("error", f"branching failed: {res.error}")
+            self._status.object = banner("error", f"branching failed: {res.error or res.status}")
 
     # -- the tree ----------------------------------------------------------------------
 

@@ -1,4 +1,12 @@
-"""Generate: pick or type prompts, choose a group size, sample in a worker with progress.
+"""Generate: pick a task, draw prompts from one of its splits, pick or type prompts, choose a
+group size, sample in a worker with progress.
+
+The task picker lists the built-in arithmetic task and the store's prompt sets
+(``studio.queries.prompts.task_choices``; refreshed when one is added). A prompt set's
+prompts are drawn from a split with a seed (``draw_prompts``: the same seed draws the same
+prompts), and kept as :class:`Prompt` objects so their gold answers and chat messages reach
+``generate``; typed prompts are read by the task; the arithmetic task's "new prompts" with a
+difficulty show for it alone.
 
 The sampling runs in a worker process; this callback only awaits it, so the page stays
 responsive. Bad input (an unparsable prompt, a missing policy folder, a backend that does
@@ -17,16 +25,19 @@ import panel as pn
 import param
 
 from studio import queries
+from studio.queries import lookups
+from studio.queries.prompts import PromptDrawError, draw_prompts, split_counts, task_choices
 from studio.rewards import rules
 from studio.runs.generation import ConfigError, GenerateConfig, generate
 from studio.runs.registry import local_device, note_local_device
 from studio.store import StoreError
-from studio.tasks import TaskParseError, get_task
+from studio.tasks import Prompt, TaskParseError, UnknownTaskError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
 from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
 from widgets.forms import parameter
 
 from .base.jobs import Job, failure, served
+from .base.pickers import set_choices
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
 
@@ -40,6 +51,17 @@ BACKEND_CSS = """
 .backend-dot.bad { background:#e03131; } .backend-dot.idle { background:#ced4da; }
 .backend-note { font-size:11px; color:#868e96; margin:0 0 2px 13px; }
 .backend-note.bad { color:#a61e4d; white-space:pre-wrap; }
+"""
+DRAWN_CSS = """
+.drawn { font-size:12px; color:#343a40; border:1px solid #e9ecef; border-radius:6px; background:#f8f9fa;
+         max-height:150px; overflow:auto; }
+.drawn .dp-head { display:flex; justify-content:space-between; padding:3px 8px; color:#6b7280; font-size:11px;
+                  border-bottom:1px solid #e9ecef; position:sticky; top:0; background:#f8f9fa; }
+.drawn ol { margin:0; padding:2px 8px 4px 26px; }
+.drawn li { padding:1px 0; }
+.drawn li .dp-text { display:inline-block; max-width:calc(100% - 56px); white-space:nowrap; overflow:hidden;
+                     text-overflow:ellipsis; vertical-align:bottom; }
+.drawn li .dp-gold { float:right; color:#2b8a3e; font-family:'DejaVu Sans Mono', monospace; font-size:11px; }
 """
 SLOW_S = 1.0  # a health check slower than this is shown as slow
 CHECK_EVERY_MS = 30_000  # a remote backend's health is checked again this often while the page is open
@@ -150,6 +172,11 @@ class GeneratePanel(pn.viewable.Viewer):
     """Controls to sample new rollouts from the policy."""
 
     state = param.ClassSelector(class_=StudioState, doc="Shared studio state.")
+    task = param.Selector(default="arithmetic", objects=["arithmetic"],
+                          doc="The task: the sample arithmetic task, or a prompt set the store holds.")
+    split = param.Selector(default=None, objects=[], allow_None=True, doc="The split prompts are drawn from.")
+    n_draw = param.Integer(default=8, bounds=(1, 256), doc="How many prompts a draw takes from the split.")
+    draw_seed = param.Integer(default=0, bounds=(0, None), doc="Seed of the draw: the same seed draws the same prompts.")
     picked = param.ListSelector(default=[], objects=[], doc="Prompts picked from the store.")
     typed = param.String(default="", doc="Prompts typed in, one per line (e.g. 'Q: 23+48-7=').")
     fresh = param.Integer(default=0, bounds=(0, 256), doc="New prompts drawn from the task's generator (seeded).")
@@ -166,8 +193,31 @@ class GeneratePanel(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self._job = Job(on_running=self._running)
+        self._drawn: list[Prompt] = []  # drawn from a split: kept whole (gold answers, chat messages)
         self._sample_prompts = self.state.fresh_read(("sample_prompts",), lambda: queries.sample_prompts(self.state.store))
-        self._refresh_prompts()
+        # what new rows change for the picked task, read with the others off the event loop (StudioState.stored)
+        self._task_reads = self.state.fresh_read(("generate_task",), self._read_task)
+        self._drawn_box = pn.pane.HTML("", stylesheets=[CSS, DRAWN_CSS], sizing_mode="stretch_width",
+                                       css_classes=["drawn-prompts"], margin=(0, 5))
+        self._draw = pn.widgets.Button(name="Draw prompts from the split", color="light", sizing_mode="stretch_width",
+                                       css_classes=["draw-button"])
+        self._draw.on_click(lambda e: self.draw())
+        self._clear = pn.widgets.Button(name="Clear", color="light", width=70, css_classes=["draw-clear"])
+        self._clear.on_click(lambda e: self._set_drawn([]))
+        self._draw_row = pn.Column(
+            pn.Row(pn.widgets.Select.from_param(self.param.split, name="Split", sizing_mode="stretch_width",
+                                                css_classes=["draw-split"]),
+                   pn.widgets.IntInput.from_param(self.param.n_draw, name="N", width=70, css_classes=["draw-n"]),
+                   pn.widgets.IntInput.from_param(self.param.draw_seed, name="Seed", width=70,
+                                                  css_classes=["draw-seed"]),
+                   sizing_mode="stretch_width", margin=0),
+            pn.Row(self._draw, self._clear, sizing_mode="stretch_width", margin=0),
+            sizing_mode="stretch_width", visible=False, margin=0, css_classes=["draw-row"])
+        self._fresh_row = pn.Row(pn.widgets.IntInput.from_param(self.param.fresh, name="New prompts", width=100,
+                                                                css_classes=["fresh-prompts"]),
+                                 pn.widgets.Select.from_param(self.param.difficulty, name="Difficulty", width=100),
+                                 sizing_mode="stretch_width", css_classes=["fresh-row"])
+        self._clear.visible = False
         self._go = pn.widgets.Button(name="Generate", color="primary", sizing_mode="stretch_width",
                                      css_classes=["generate-button"])
         self._stop = pn.widgets.Button(name="Cancel", color="light", sizing_mode="stretch_width", disabled=True)
@@ -177,17 +227,18 @@ class GeneratePanel(pn.viewable.Viewer):
                                                 bar_color="primary", height=14)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["generate-status"])
         self.backend = BackendStatus(state=self.state)
+        self._typed = pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
+                                                          placeholder="Q: 23+48-7=", height=70,
+                                                          sizing_mode="stretch_width", css_classes=["typed-prompts"])
         self._layout = pn.Column(
             self.backend,
+            pn.widgets.Select.from_param(self.param.task, name="Task", sizing_mode="stretch_width",
+                                         css_classes=["generate-task"]),
+            self._draw_row, self._drawn_box,
             pn.widgets.MultiChoice.from_param(self.param.picked, name="Sample prompts", max_items=64,
                                               sizing_mode="stretch_width", placeholder="pick prompts…"),
-            pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
-                                                placeholder="Q: 23+48-7=", height=70, sizing_mode="stretch_width",
-                                                css_classes=["typed-prompts"]),
-            pn.Row(pn.widgets.IntInput.from_param(self.param.fresh, name="New prompts", width=100,
-                                                  css_classes=["fresh-prompts"]),
-                   pn.widgets.Select.from_param(self.param.difficulty, name="Difficulty", width=100),
-                   sizing_mode="stretch_width"),
+            self._typed,
+            self._fresh_row,
             pn.Row(pn.widgets.IntInput.from_param(self.param.group_size, name="Group size", width=100,
                                                   css_classes=["group-size"]),
                    pn.widgets.FloatInput.from_param(self.param.temperature, name="Temperature", width=100),
@@ -202,17 +253,107 @@ class GeneratePanel(pn.viewable.Viewer):
             self._progress, self._status,
             sizing_mode="stretch_width",
         )
+        self._refresh_tasks()  # the task's controls and prompts, once the layout holds them
+
+    def _read_task(self) -> dict:
+        """The task choices, and the picked task's split counts and stored prompt texts."""
+        store, task = self.state.store, self.task
+        out = {"task": task, "choices": task_choices(store), "splits": {}, "texts": None}
+        try:
+            out["splits"] = split_counts(store, task)
+        except UnknownTaskError as exc:
+            out["error"] = str(exc)
+        out["texts"] = None if task == "arithmetic" else lookups.task_prompt_texts(store, task)
+        return out
+
+    def _reads(self) -> dict:
+        """:meth:`_read_task` as read ahead for this update, or now when that was of another task."""
+        got = self._task_reads()
+        return got if got["task"] == self.task else self._read_task()
 
     @param.depends("state.refresh", watch=True)
-    def _refresh_prompts(self) -> None:
-        prompts = self._sample_prompts()
+    def _refresh_tasks(self) -> None:
+        """The task picker's options: arithmetic and the store's prompt sets (one added shows here)."""
+        try:
+            choices = self._task_reads()["choices"]
+        except StoreError as exc:
+            self._status.object = banner("error", str(exc))
+            return
+        set_choices(self, "task", choices, self.task if self.task in choices else choices[0])
+        self._show_task()
+
+    @param.depends("task", watch=True)
+    def _show_task(self) -> None:
+        """The controls of the picked task: a split to draw from for a prompt set, new prompts
+        with a difficulty for arithmetic; drawn and picked prompts of another task are dropped."""
+        try:
+            got = self._reads()
+        except StoreError as exc:
+            got = {"splits": {}, "texts": [], "error": str(exc)}
+        counts = got["splits"]
+        if got.get("error"):
+            self._status.object = banner("error", got["error"])
+        generates = self.task == "arithmetic"
+        labels = {f"{s} ({n:,})": s for s, n in counts.items()}
+        self._split_labels = labels
+        value = next((lab for lab, sp in labels.items() if sp == ("train" if "train" in counts else None)),
+                     next(iter(labels), None))
+        set_choices(self, "split", list(labels), self.split if self.split in labels else value)
+        self._draw_row.visible = bool(counts)
+        self._fresh_row.visible = generates
+        if not generates:
+            self.fresh = 0
+        self._typed.placeholder = "Q: 23+48-7=" if generates else "a question, one per line (no gold answer: unscored)"
+        if self._drawn and self._drawn_task != self.task:
+            self._set_drawn([])
+        self._refresh_prompts(got.get("texts"))
+
+    def _refresh_prompts(self, texts: list[str] | None = None) -> None:
+        """The sample prompts to pick: the store's for arithmetic, else the picked task's."""
+        prompts = self._sample_prompts() if self.task == "arithmetic" else (texts or [])
         self.param.picked.objects = prompts
         self.picked = [p for p in self.picked if p in prompts]
 
-    def prompts(self) -> list[str]:
-        """Picked, typed, then freshly drawn prompts (drawn with the sampler's seed)."""
-        drawn = get_task("arithmetic").make_prompts(self.fresh, seed=self.seed, difficulty=self.difficulty)
-        return list(self.picked) + [line for line in self.typed.splitlines() if line.strip()] + [p.text for p in drawn]
+    _drawn_task = ""
+
+    def draw(self) -> list[Prompt]:
+        """Fill the prompt list with ``n_draw`` prompts of the split, drawn with ``draw_seed``
+        (the same seed, the same prompts); an unknown task or an empty split is said in the banner."""
+        split = getattr(self, "_split_labels", {}).get(self.split)
+        try:
+            drawn = draw_prompts(self.state.store, self.task, int(self.n_draw), seed=int(self.draw_seed), split=split)
+        except (PromptDrawError, UnknownTaskError, StoreError, ValueError) as exc:
+            self._status.object = banner("error", str(exc))
+            return []
+        if not drawn:
+            self._status.object = banner("error", f"split {split!r} of task {self.task!r} has no prompts to draw")
+            return []
+        self._drawn_task = self.task
+        self._set_drawn(drawn)
+        self._status.object = banner("info", f"drew {len(drawn)} prompt{'s' * (len(drawn) != 1)} from {self.task} · "
+                                             f"{split} (seed {self.draw_seed}).")
+        return drawn
+
+    def _set_drawn(self, drawn: list[Prompt]) -> None:
+        self._drawn = list(drawn)
+        self._clear.visible = bool(drawn)
+        if not drawn:
+            self._drawn_box.object = ""
+            return
+        items = "".join(f'<li title="{esc(p.text)}"><span class="dp-text">{esc(" ".join(p.text.split()))}</span>'
+                        f'<span class="dp-gold">{esc(p.gold.get("answer") or "–")}</span></li>' for p in drawn)
+        self._drawn_box.object = (f'<div class="drawn"><div class="dp-head"><span><b>{len(drawn)}</b> drawn '
+                                  f'prompt{"s" * (len(drawn) != 1)}</span><span>gold</span></div><ol>{items}</ol></div>')
+
+    def prompts(self) -> list[str | Prompt]:
+        """Drawn (as :class:`Prompt`, with their gold answers), picked, typed, then the arithmetic
+        task's new prompts (drawn with the sampler's seed)."""
+        fresh = []
+        if self.task == "arithmetic" and self.fresh:
+            fresh = [p.text for p in get_task("arithmetic").make_prompts(self.fresh, seed=self.seed,
+                                                                         difficulty=self.difficulty)]
+        return (list(self._drawn) + list(self.picked) + [line for line in self.typed.splitlines() if line.strip()]
+                + fresh)
 
     def _running(self, on: bool) -> None:
         """A Generate starts (``on``) or ends: buttons and progress bar follow."""
@@ -236,8 +377,8 @@ class GeneratePanel(pn.viewable.Viewer):
 
             try:
                 result = await generate(self.state.store, self.state.policy_path, self.prompts(), config,
-                                        on_progress=progress, cancel=cancel)
-            except (TaskParseError, PolicyLoadError, ConfigError, StoreError) as exc:  # bad input: say what
+                                        task=self.task, on_progress=progress, cancel=cancel)
+            except (TaskParseError, UnknownTaskError, PolicyLoadError, ConfigError, StoreError) as exc:  # say what
                 self._status.object = banner("error", str(exc))
                 result = None
             except Exception as exc:  # anything else is still shown in place; the page lives on

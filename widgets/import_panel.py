@@ -10,6 +10,12 @@ lines become rollouts of the same run, and every open page refreshes when they l
 
 Enrich: teacher-force a policy over a run's rollouts that lack token ids, log-probs or
 entropy (``studio.runs.enrich``), in the worker pool, with progress and cancel.
+
+Add a prompt set: a data file or ``datasets`` folder on the server becomes a task of the store
+(``studio.ingest.prompt_sets.add_prompt_set``, on a thread): a preset or a column mapping, the
+answer extractor, a system prompt and the thinking switch, its form generated from
+``PromptSetConfig``; the report (prompts per split) or what is wrong (file, row, column) shows
+in a banner, and every task picker of the session then lists it.
 """
 from __future__ import annotations
 
@@ -21,17 +27,24 @@ import param
 
 from studio.configs import settings_of
 from studio.ingest import importers, tailers
+from studio.ingest.prompt_sets import PromptSetConfig, PromptSetError, add_prompt_set
 from studio.runs import enrich
 from studio.runs.registry import known_policies
 from studio.store import StoreError
 from studio.workers.vocab import PolicyLoadError
-from widgets.forms import form_values, widget_for
+from widgets.forms import form_values, form_widgets, widget_for
 
 from .base.jobs import Job
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
 
 AUTO = "detect"
+PRESET_LABELS = {"auto": "auto", "gsm8k": "gsm8k", "math": "math", "custom (the mapping below)": "none"}
+THINKING = {"template default": "default", "on": "on", "off": "off"}  # the switch: unset, True, False
+SET_LABELS = {"name": "Task name", "extract": "Answer extractor", "prompt": "prompt column", "messages": "messages column",
+              "answer": "answer column", "id_column": "id column", "split_column": "split column",
+              "split": "split (default)", "level": "level column", "gold": "gold reader", "regex": "regex",
+              "steps": "step mode", "description": "Description", "skip_unreadable": "Skip unreadable rows"}
 MAX_PROBLEMS = 25
 
 
@@ -121,6 +134,33 @@ class ImportPanel(pn.viewable.Viewer):
         self._enrich_go.on_click(self._on_enrich)
         self._enrich_message = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                             css_classes=["enrich-message"])
+        # add a prompt set
+        self._adding = Job(on_running=lambda on: setattr(self._set_go, "disabled", on))
+        self._set_path = pn.widgets.TextInput(name="Prompt set file or folder on the server",
+                                              placeholder="/data/gsm8k/train.jsonl, /data/gsm8k/test.jsonl",
+                                              sizing_mode="stretch_width", css_classes=["set-path"])
+        self._set_form = form_widgets(PromptSetConfig, width=150, labels=SET_LABELS)
+        for name, w in self._set_form.items():
+            w.css_classes = list(w.css_classes or []) + [f"set-{name.replace('_', '-')}"]
+        self._set_form["preset"] = pn.widgets.Select(name="Preset", options=PRESET_LABELS, value="auto", width=150,
+                                                     css_classes=["set-preset"],
+                                                     description=self._set_form["preset"].description)
+        self._set_form["thinking"] = pn.widgets.Select(name="Thinking", options=THINKING, value="default", width=150,
+                                                       css_classes=["set-thinking"],
+                                                       description="the chat template's thinking switch")
+        self._set_form["system"] = pn.widgets.TextAreaInput(name="System prompt", height=54,
+                                                            sizing_mode="stretch_width", css_classes=["set-system"],
+                                                            placeholder="(none)")
+        f = self._set_form
+        self._set_mapping = pn.Card(
+            pn.FlexBox(*(f[n] for n in ("prompt", "messages", "answer", "id_column", "split_column", "split", "level",
+                                         "gold", "regex", "steps")), sizing_mode="stretch_width"),
+            f["description"], f["skip_unreadable"], title="Column mapping and answer settings", collapsed=True,
+            sizing_mode="stretch_width", header_background="#f8f9fa", css_classes=["set-mapping"])
+        self._set_go = pn.widgets.Button(name="Add", color="primary", width=90, css_classes=["set-add"])
+        self._set_go.on_click(self._on_add_set)
+        self._set_message = pn.pane.HTML("", stylesheets=[CSS, PANEL_CSS], sizing_mode="stretch_width",
+                                         css_classes=["set-message"])
         if not self.can_run:
             self._layout = pn.pane.HTML(banner("info", "Importing reads files on the server and enriching runs a "
                                                        "model: both are for the studio's admins. The SQL console "
@@ -145,6 +185,14 @@ class ImportPanel(pn.viewable.Viewer):
                 _head("Watched folders"), self._tails, self._stop_tail,
                 sizing_mode="stretch_width", styles={"flex": "1 1 60%"}),
             pn.Column(
+                _head("Add a prompt set"),
+                pn.pane.HTML('<div class="hint">A JSONL, JSON, Parquet or CSV file (or a <code>datasets</code> folder) '
+                             'of prompts with gold answers becomes a task: draw its prompts in Generate, train on '
+                             'its splits in Mini-runs. GSM8K and MATH shapes are read without a mapping.</div>',
+                             stylesheets=[PANEL_CSS], margin=(0, 10)),
+                self._set_path,
+                pn.FlexBox(f["name"], f["preset"], f["extract"], f["thinking"], sizing_mode="stretch_width"),
+                f["system"], self._set_mapping, self._set_go, self._set_message,
                 _head("Enrich with a policy"),
                 pn.pane.HTML('<div class="hint">Fill in token ids, log-probs, entropy and top-k that the run did not '
                              'log, by teacher-forcing a policy over each prompt + completion. A source\'s own '
@@ -282,6 +330,47 @@ class ImportPanel(pn.viewable.Viewer):
         self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)  # refills the pickers
         if report.run_id in self._enrich_run.options.values():
             self._enrich_run.value = report.run_id  # the run just imported is the one to enrich
+
+    # -- prompt sets ---------------------------------------------------------------------------
+    def set_config(self) -> PromptSetConfig:
+        """The form's :class:`PromptSetConfig` (an empty optional text is None)."""
+        values = form_values(PromptSetConfig, self._set_form)
+        values["thinking"] = {"on": True, "off": False}.get(values["thinking"])
+        optional = {f for f, v in vars(PromptSetConfig()).items() if v is None}
+        return PromptSetConfig(**{k: (None if k in optional and v == "" else v) for k, v in values.items()})
+
+    async def _on_add_set(self, event=None) -> None:
+        if self._adding.running:
+            return
+        paths = [Path(p.strip()).expanduser() for p in self._set_path.value.split(",") if p.strip()]
+        if not paths:
+            self._set_message.object = banner("error", "Give the prompt set's file(s) or folder on the server.")
+            return
+        try:
+            config = self.set_config()
+        except (TypeError, ValueError) as exc:
+            self._set_message.object = banner("error", str(exc))
+            return
+        store = self.state.store
+        with self._adding.claim():
+            self._set_message.object = banner("info", f"Reading {len(paths)} path(s)…")
+            try:
+                report = await self._adding.thread(add_prompt_set, store, paths, config)
+            except (PromptSetError, StoreError, OSError, ValueError) as exc:
+                problems = getattr(exc, "problems", [])[:MAX_PROBLEMS]
+                more = "".join(f"<div>{esc(p)}</div>" for p in problems)
+                self._set_message.object = (banner("error", f"Nothing stored: {exc}")
+                                            + (f'<div class="import-problems">{more}</div>' if len(problems) > 1 else ""))
+                return
+            except Exception as exc:  # still said in place: the page lives on
+                self._set_message.object = banner("error", f"Nothing stored: {type(exc).__name__}: {exc}")
+                return
+        splits = ", ".join(f"{n:,} {s}" for s, n in report.splits.items())
+        self._set_message.object = banner("info", f"Added task {report.name}: {report.n_prompts:,} prompts ({splits}). "
+                                                  "Pick it in Generate to draw prompts, or in Mini-runs to train on it.")
+        if report.skipped or report.n_duplicates:
+            self._set_message.object += banner("warn", report.summary())
+        self.state.param.update(refresh=self.state.refresh + 1)  # every task picker lists it
 
     # -- enrich -------------------------------------------------------------------------------
     def _enrich_running(self, on: bool) -> None:

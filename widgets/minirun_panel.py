@@ -2,6 +2,11 @@
 resume, a progress bar with ETA, live curves of several runs overlaid (a click on a curve
 opens that step's rollouts), and two policies evaluated side by side on held-out prompts.
 
+The task picker lists arithmetic and the store's prompt sets; the prompt set picker offers the
+task's own sets (easy / medium / hard / mixed draws for arithmetic, a stored prompt set's
+splits) and the prompts of any stored run (``run:<id>``). A run starts on the picked task, and
+the evaluation runs on its held-out prompts (a stored prompt set's test split).
+
 Every browser session polls the process-wide run registry (``studio.runs.minirun``) once a
 second, so two tabs watching one run both update; the store is written by the run's
 reader thread, never by a view.
@@ -17,10 +22,14 @@ import param
 from sample_data import EARLY_POLICY_DIR, POLICY_DIR
 from studio.configs import settings_of
 from studio.queries import lookups
+from studio.queries.prompts import split_counts, task_choices
 from studio.runs import minirun
 from studio.runs.minirun import CURVES
 from studio.runs.registry import known_policies
 from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
+from studio.runs.training.config import heldout_split
+from studio.store import StoreError
+from studio.tasks import UnknownTaskError, get_task
 from widgets.forms import widget_for
 
 from .base.jobs import Job, failure
@@ -101,6 +110,11 @@ class MiniRunPanel(LazyView):
                                                    description=widget_for(settings_of(MiniRunConfig)[0]).description)
         self._inputs["prompt_set"] = pn.widgets.Select(name="prompt set", width=150, disabled=not can_run,
                                                        description="training prompts")
+        self._task = pn.widgets.Select(name="task", options=["arithmetic"], value="arithmetic", width=150,
+                                       disabled=not can_run, css_classes=["cfg-task"],
+                                       description="what the policy is trained on: the arithmetic sample task, "
+                                                   "or a prompt set the store holds")
+        self._task.param.watch(lambda e: self._sync_choices(), "value")
         self._inputs["rule_version"] = pn.widgets.Select(name="reward (rule version)", width=310,
                                                          disabled=not can_run, css_classes=["train-rule"])
         for name, w in self._inputs.items():
@@ -139,7 +153,7 @@ class MiniRunPanel(LazyView):
                                           "iterations", "loss_type", "n_prompts", "seed", "checkpoint_every",
                                           "lora_r")]
         form = pn.Column(
-            self._inputs["policy"], pn.Row(self._inputs["prompt_set"], self._inputs["lora"]),
+            self._inputs["policy"], pn.Row(self._task, self._inputs["prompt_set"]), self._inputs["lora"],
             self._inputs["rule_version"],
             pn.GridBox(*grid, ncols=2), self._name,
             pn.Row(self._start, self._stop, self._resume), self._message,
@@ -178,11 +192,26 @@ class MiniRunPanel(LazyView):
             self._eval_a.value = str(POLICY_DIR)
         if self._eval_b.value not in pols.values() or self._eval_b.value == self._eval_a.value:
             self._eval_b.value = list(pols.values())[-1] if len(pols) > 2 else str(EARLY_POLICY_DIR)
+        try:
+            tasks = task_choices(st.store)
+            if self._task.options != tasks:
+                self._task.options = tasks
+            if self._task.value not in tasks:
+                self._task.value = tasks[0]  # calls back here with the task set
+                return
+            splits = split_counts(st.store, self._task.value)
+        except (UnknownTaskError, StoreError) as exc:
+            self._message.object = banner("error", str(exc))
+            splits = {}
+        own = {f"{s} ({n:,} prompts)": s for s, n in splits.items()} if splits else {s: s for s in PROMPT_SETS}
         runs = lookups.source_runs(st.store)
-        sets = {s: s for s in PROMPT_SETS} | {f"prompts of {r.name}": f"run:{r.run_id}" for r in runs.itertuples()}
+        sets = own | {f"prompts of {r.name}": f"run:{r.run_id}" for r in runs.itertuples()}
         self._inputs["prompt_set"].options = sets
         if self._inputs["prompt_set"].value not in sets.values():
-            self._inputs["prompt_set"].value = "medium"
+            self._inputs["prompt_set"].value = ("train" if "train" in splits else next(iter(own.values()))) \
+                if splits else "medium"
+        self._eval_go.name = ("Evaluate on 200 held-out prompts" if not splits else
+                              f"Evaluate on held-out prompts ({self._heldout(splits)})")
         opts = {"the task's built-in rule": ""} | {(f"reward model · {v}" if rm else v): v
                                                     for v, rm in lookups.rule_versions_by_kind(st.store)}
         self._inputs["rule_version"].options = opts
@@ -203,6 +232,14 @@ class MiniRunPanel(LazyView):
             if keep != list(self.compared):
                 self.compared = keep
 
+    def _heldout(self, splits: dict[str, int]) -> str:
+        """The split a stored prompt set is evaluated on (``heldout_split``'s choice), as a label."""
+        try:
+            name = heldout_split(get_task(self._task.value))
+        except (TrainConfigError, UnknownTaskError):
+            return "none"
+        return f"{name}, {min(200, splits.get(name, 0)):,}"
+
     def watched_id(self) -> str | None:
         return self._run_ids.get(self.watched)
 
@@ -222,8 +259,9 @@ class MiniRunPanel(LazyView):
 
     def _on_start(self, event=None) -> None:
         try:
-            run_id = minirun.start(self.state.store, self.config(), name=self._name.value.strip() or None)
-        except (TrainConfigError, minirun.MiniRunBusy, ValueError, OSError) as exc:
+            run_id = minirun.start(self.state.store, self.config(), name=self._name.value.strip() or None,
+                                   task=self._task.value)
+        except (TrainConfigError, minirun.MiniRunBusy, ValueError, OSError, KeyError) as exc:
             self._message.object = banner("error", str(exc))
             return
         self._message.object = banner("info", "started: the first step appears in a few seconds.")
@@ -249,10 +287,11 @@ class MiniRunPanel(LazyView):
         a, b = self._eval_a.value, self._eval_b.value
         names = {v: k for k, v in self._eval_a.options.items()}
         with self._eval_job.claim():
-            self._eval_out.object = banner("info", "evaluating both policies on 200 held-out prompts…")
+            self._eval_out.object = banner("info", f"evaluating both policies on the held-out prompts of "
+                                                   f"{self._task.value}…")
             try:
-                ra = await minirun.evaluate(a)
-                rb = await minirun.evaluate(b)
+                ra = await minirun.evaluate(a, task=self._task.value, store=self.state.store)
+                rb = await minirun.evaluate(b, task=self._task.value, store=self.state.store)
             except Exception as exc:  # a deleted checkpoint, a broken folder: say which
                 self._eval_out.object = banner("error", failure("evaluation", exc))
                 return

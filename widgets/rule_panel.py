@@ -14,6 +14,7 @@ import panel as pn
 import param
 
 from sample_data import REWARD_MODEL_DIR
+from studio.queries import lookups
 from studio.rewards import reward_models, rules
 from studio.rewards.sandbox import RuleSourceError, check_source
 from studio.store import StoreError
@@ -38,6 +39,7 @@ pre.errs { background:#fff5f5; border:1px solid #ffa8a8; color:#a61e4d; padding:
            font-size:12px; white-space:pre-wrap; }
 """
 SCOPES = {"all rollouts": "all", "the table's filter": "filter"}
+STARTING_RULES = (rules.DEFAULT_SOURCE, rules.FREE_TEXT_SOURCE)  # what the editor starts with, per task
 LATEST = "latest scoring of each rollout"
 
 
@@ -107,7 +109,8 @@ class RulePanel(LazyView):
         self._can_run = can_run
         self._job = Job(on_running=self._applying)  # a rule applied in the sandbox, cancellable
         self._rm_job = Job(on_running=lambda on: setattr(self._rm_go, "disabled", on))  # a reward-model scoring
-        self.editor = pn.widgets.CodeEditor(value=rules.DEFAULT_SOURCE, language="python", theme="chrome",
+        self.editor = pn.widgets.CodeEditor(value=rules.default_source(self.scope_task()), language="python",
+                                            theme="chrome",
                                             sizing_mode="stretch_width", height=340, css_classes=["rule-editor"],
                                             disabled=not can_run)
         self._check = pn.widgets.Button(name="Check", color="light", width=80, css_classes=["rule-check"])
@@ -162,6 +165,26 @@ class RulePanel(LazyView):
             self._hist, self._diff, styles={"flex": "1 1 50%"}, sizing_mode="stretch_width")
         self._layout = pn.Row(left, right, sizing_mode="stretch_width")
         self._refresh_versions()
+
+    # -- the starting rule ------------------------------------------------------------------
+
+    def scope_task(self) -> str:
+        """The task of the shown scope: the table's run under "the table's filter", else the task
+        most of the store's rollouts are of (arithmetic for an empty store)."""
+        st = self.state
+        run = st.table_filter.run_id if SCOPES[self.scope] == "filter" else None
+        try:
+            return lookups.scope_task(st.store, run) or "arithmetic"
+        except StoreError:
+            return "arithmetic"
+
+    @param.depends("scope", "state.table_filter", watch=True)
+    def _starting_rule(self) -> None:
+        """An editor still holding a starting rule follows the scope's task (``default_source``);
+        an edited rule is never replaced."""
+        start = rules.default_source(self.scope_task())
+        if self.editor.value != start and self.editor.value in STARTING_RULES:
+            self.editor.value = start
 
     # -- versions -------------------------------------------------------------------------
 

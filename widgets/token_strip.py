@@ -1,13 +1,21 @@
-"""Token strip: every generated token as text, coloured by a chosen channel, with a hover
-card (token, channel value, top-k alternatives with probabilities). Step spans are
-underlined green (step verified correct) or red (wrong). Forking tokens (entropy at or
-above the session's fork threshold) carry a small marker; clicking a token picks it for
-branching in the fork panel."""
+"""Token strip: the rollout as a conversation (system and user turns from the stored chat,
+else the prompt as the user's turn; never a chat template's special tokens), the assistant's
+turn as every generated token, coloured by a chosen channel, with a hover card (token,
+channel value, top-k alternatives with probabilities). The ``<think>`` block sits on a
+tinted band labelled "reasoning" and the stated answer is outlined (the task's
+``parse_completion`` spans, mapped to tokens by character offsets); the header shows the
+extracted answer beside the gold one. Step spans are underlined green (step verified
+correct) or red (wrong) where the task verifies steps. Forking tokens (entropy at or above
+the session's fork threshold) carry a small marker; clicking a token picks it for branching
+in the fork panel. A rollout imported as text alone shows its text and says Enrich fills
+its tokens."""
 from __future__ import annotations
 
 import collections
 import functools
+import json
 import math
+import re
 import types
 from dataclasses import replace
 
@@ -17,19 +25,23 @@ import panel as pn
 import param
 
 from studio import queries
-from studio.queries import credit, forks
+from studio.queries import credit, forks, lookups
 from studio.signals.advantages import ESTIMATORS
 from studio.signals.forks import Threshold, fork_mask
 from studio.signals.steps import aggregate, gated
 from studio.store import StoreError
-from studio.tasks import get_task
+from studio.tasks import Prompt, TaskParseError, UnknownTaskError, get_task
+from studio.tasks.chat import END_OF_TURN, content_text, parse_templated
+from studio.tasks.text import answer_span as find_answer_span
 from studio.workers.vocab import decode_ids
 
 from .base.clickable import ClickableHTML
+from .base.jobs import failure
 from .base.state import StudioState
 from .base.style import CSS, REDRAWN, SCALES, STEP_SCALE, banner, chip, esc
 
 SPECIAL_DISPLAY = {"\n": "↵", "\t": "⇥"}
+STOP_TOKENS = frozenset(END_OF_TURN) | {"<eos>"}
 VISIBLE_WS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})  # in the card, whitespace must be seen
 
 
@@ -115,12 +127,51 @@ def _fork_mask(entropy: list, threshold: float | None) -> list[bool]:
     return fork_mask(e, threshold).tolist()
 
 
+def char_spans_to_tokens(texts: list[str], *spans: tuple[int, int] | None) -> list[tuple[int, int] | None]:
+    """Each character span of the tokens' joined text as ``(first, last)`` token index (inclusive),
+    the tokens it touches; None for a span that is None or touches none.
+
+    >>> char_spans_to_tokens(["<think>", "4", "</think>", "A:", "4"], (0, 16), (16, 19))
+    [(0, 2), (3, 4)]
+    """
+    bounds, pos = [], 0
+    for t in texts:
+        bounds.append((pos, pos + len(t)))
+        pos += len(t)
+    out = []
+    for span in spans:
+        hit = [] if span is None else [i for i, (a, b) in enumerate(bounds) if a < span[1] and b > span[0]]
+        out.append((hit[0], hit[-1]) if hit else None)
+    return out
+
+
+def completion_marks(task, prompt: Prompt, texts: list[str]) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """Token ranges of the ``<think>`` block and of the stated answer: the task reads the tokens'
+    joined text (so character offsets are the tokens'); a task that gives no answer span has the
+    last place its answer is written outlined."""
+    n = len(texts)
+    while n and texts[n - 1] in STOP_TOKENS:  # the stop token is not part of the completion the task reads
+        n -= 1
+    texts = texts[:n]
+    joined = "".join(texts)
+    try:
+        parsed = task.parse_completion(prompt, joined)
+    except (TaskParseError, ValueError):
+        return None, None
+    answer = parsed.answer_span
+    if answer is None and parsed.answer:
+        answer = find_answer_span(joined, parsed.answer)
+    think, answer = char_spans_to_tokens(texts, parsed.think, answer)
+    return think, answer
+
+
 def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                alt_texts: list[list[str]] | None = None, step_ok: dict[int, bool | None] | None = None,
                compact: bool = False, fork_threshold: float | None = None, picked: int | None = None,
                clickable: bool = False, steps: pd.DataFrame | None = None,
                step_values: dict[int, float] | None = None,
-               step_advantages: dict[int, float] | None = None, rollout_id: str | None = None) -> str:
+               step_advantages: dict[int, float] | None = None, rollout_id: str | None = None,
+               think: tuple[int, int] | None = None, answer: tuple[int, int] | None = None) -> str:
     """HTML of a token strip (of ``rollout_id``, named in its ``data-rollout``). Every token and alternative is escaped: shown, never run.
 
     With ``fork_threshold`` set, forking tokens get the ``fork`` class (a marker above
@@ -128,6 +179,9 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     ``steps`` (``step_idx, start_pos, end_pos``) boxes each step's tokens, with a bar under
     them coloured by ``step_values[step_idx]`` (hatched when the source has no value), and,
     with ``step_advantages``, a second bar with the step's group-normalised advantage.
+    ``think`` and ``answer`` are token index ranges (:func:`completion_marks`): the first sits on
+    a band labelled "reasoning" (a step box open where it starts or ends moves the band's edge
+    to the box's, so the HTML nests), the second is outlined.
     """
     scale = SCALES[channel]
     rows = rows_of(tokens)  # every column read once: a DataFrame column costs more than a small strip's HTML
@@ -145,8 +199,12 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     rid = f' data-rollout="{esc(rollout_id)}"' if rollout_id else ""
     parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}"{rid}>']
     in_box = False
+    in_think, think_open = False, think is not None
     colors: dict = {}  # value -> (background, text colour): a strip repeats its values (a sequence advantage: one)
     for i, row in enumerate(rows):
+        if think_open and not in_box and think[0] <= i <= think[1]:
+            parts.append('<span class="think-block"><span class="think-label">reasoning</span>')
+            in_think, think_open = True, False
         if row.pos in opens and not in_box:
             parts.append(f'<span class="stepbox" data-step="{opens[row.pos]}"><span class="sbody">')
             in_box = True
@@ -163,6 +221,10 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             cls += " fork"
         if picked is not None and row.pos == picked:
             cls += " picked"
+        if think is not None and think[0] <= i <= think[1]:
+            cls += " think"
+        if answer is not None and answer[0] <= i <= answer[1]:
+            cls += " answer" + (" a-first" if i == answer[0] else "") + (" a-last" if i == answer[1] else "")
         if v not in colors:
             colors[v] = scale.colors(v)
         bg, fg = colors[v]
@@ -191,8 +253,13 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             in_box = False
         if text == "\n":
             parts.append("<br>")
+        if in_think and not in_box and i >= think[1]:
+            parts.append("</span>")
+            in_think = False
     if in_box:
         parts.append("</span></span>")
+    if in_think:
+        parts.append("</span>")
     parts.append("</div>")
     return "".join(parts)
 
@@ -230,6 +297,85 @@ def step_verdicts(rollout: dict) -> dict[int, bool | None]:
         return {i: s.correct for i, s in enumerate(task.parse_completion(prompt, rollout["text"]).steps)}
     except (KeyError, ValueError):
         return {}
+
+
+TEMPLATE_MARK = re.compile(r"<\|[^|>\s]*\|>|<｜[^｜>]*｜>|\[/?INST\]|<(?:start|end)_of_turn>|</?s>")
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def conversation(facts: dict | None, task=None) -> list[dict[str, str]]:
+    """The turns before the assistant's: the stored chat messages, else the chat read back out of
+    a templated prompt, else the task's messages of the prompt text (its system prompt first);
+    a chat template's special tokens are never shown."""
+    if not facts:
+        return []
+    if facts.get("messages"):
+        try:
+            msgs = json.loads(facts["messages"])
+        except ValueError:
+            msgs = None
+        if isinstance(msgs, list) and msgs:
+            return [{"role": str(m.get("role") or "user"), "content": content_text(m)} for m in msgs if isinstance(m, dict)]
+    prompt = facts.get("prompt") or ""
+    for text in (prompt, facts.get("prompt_text") or ""):
+        if text and (parsed := parse_templated(text)):
+            return parsed
+    if task is not None and not TEMPLATE_MARK.search(prompt):
+        return task.messages(Prompt(prompt, {}))
+    return [{"role": "user", "content": TEMPLATE_MARK.sub("", prompt).strip()}]
+
+
+def conversation_html(turns: list[dict[str, str]], assistant: str) -> str:
+    """The turns as labelled rows, then the assistant's turn holding ``assistant`` (the strip's HTML)."""
+    rows = "".join(f'<div class="turn {m["role"] if m["role"] in ROLES else "other"}"><span class="role">'
+                   f'{esc(m["role"])}</span><div class="say">{esc(m["content"])}</div></div>' for m in turns)
+    return (f'<div class="convo">{rows}<div class="turn assistant"><span class="role">assistant</span>'
+            f'<div class="say-strip">{assistant}</div></div></div>')
+
+
+def _gold(value) -> dict:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _clip(text: str, n: int = 80) -> str:
+    t = " ".join(str(text).split())
+    return t if len(t) <= n else t[:n - 1] + "…"
+
+
+def answer_html(facts: dict, task, prompt: Prompt, completion: str) -> str:
+    """The extracted answer beside the gold one, ✓/✗ from the rollout's stored correctness (the
+    task's verdict for a rollout stored before correctness was), or "no gold answer"."""
+    answer, correct = facts.get("answer"), facts.get("correct")
+    gold = prompt.gold.get("answer")
+    if (answer is None or correct is None) and task is not None and completion:
+        try:
+            found, verdict = task.verdict(prompt, completion)
+        except (TaskParseError, ValueError, TypeError):
+            found, verdict = None, None
+        answer = answer if answer is not None else found
+        correct = correct if correct is not None else verdict
+    said = f'answer <b class="answer-val">{esc(_clip(answer, 40))}</b>' if answer not in (None, "") else \
+        '<span class="muted">no answer found</span>'
+    if gold in (None, ""):
+        return f'<span class="answer-line">{said} · <span class="muted">no gold answer</span></span>'
+    mark = "" if correct is None else ('<b class="ok">✓ correct</b>' if correct else '<b class="bad">✗ incorrect</b>')
+    return f'<span class="answer-line">{said} · gold <b class="gold-val">{esc(_clip(gold, 40))}</b> {mark}</span>'
+
+
+def _task(name):
+    try:
+        return get_task(name) if name else None
+    except (UnknownTaskError, TaskParseError):
+        return None
+
+
+MARKS_KEY = ('<div class="legend marks-key"><span class="think-swatch"></span><span>reasoning '
+             '(&lt;think&gt; block)</span><span class="answer-swatch"></span><span>stated answer</span></div>')
 
 
 # Every state value the strip's HTML depends on: its redraw watches them, and the HTML drawn ahead
@@ -312,6 +458,9 @@ class TokenStrip(pn.viewable.Viewer):
             self._header.object, self._strip.object = banner("error", str(exc)), ""
         except ValueError as exc:  # a bad segmentation pattern or estimator setting: say which
             self._header.object, self._strip.object = banner("error", str(exc)), ""
+        except Exception as exc:  # never keep the previous rollout's strip under a new selection
+            self._header.object = banner("error", failure(f"showing rollout {self.state.rollout_id}", exc))
+            self._strip.object = ""
 
     def _threshold_key(self, ro: dict, s) -> tuple:
         rule = s.fork_rule()
@@ -379,7 +528,12 @@ class TokenStrip(pn.viewable.Viewer):
         names = dict(zip(flat, decode_ids(ro.get("policy"), flat)))
         alts = [[names.get(int(i), f"#{i}") for i in listed(ids)] for ids in toks["topk_ids"]]
         comps = " ".join(f"<span>{esc(k)} <b>{v:.2f}</b></span>" for k, v in ro["components"].items() if k != "total")
-        verdict = '<b class="ok">✓ correct</b>' if ro.get("accuracy") and ro["accuracy"] >= 1 else '<b class="bad">✗ incorrect</b>'
+        facts = preloaded(("rollout_facts", s.rollout_id, s.refresh),
+                          lambda: lookups.rollout_facts(s.store, s.rollout_id)) or {}
+        task = _task(facts.get("task") or ro.get("task"))
+        prompt = Prompt(facts.get("prompt") or ro.get("prompt") or "", _gold(facts.get("gold") or ro.get("gold")))
+        turns = conversation(facts or {"prompt": prompt.text}, task)
+        verdict = answer_html(facts, task, prompt, ro.get("text") or "")
         n_forks = int(fork_mask(toks["entropy"].fillna(-1).to_numpy(), thr.value).sum()) if thr.value is not None else 0
         branch = ""
         if ro.get("parent_rollout_id") and not pd.isna(ro.get("fork_pos")):
@@ -388,19 +542,25 @@ class TokenStrip(pn.viewable.Viewer):
         reward = "–" if ro["reward"] is None or pd.isna(ro["reward"]) else f"{ro['reward']:.3f}"
         finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
         header = (
-            f'<div class="meta-line"><span>prompt <b>{esc(ro["prompt"])}</b></span>{verdict}'
+            f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(_clip(prompt.text, 48))}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b></span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
             f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> forks</span>{branch}'
             f'{step_line}</div>')
-        if toks.empty and ro.get("text"):  # imported as text only: show the text; Enrich fills its tokens
-            return legend, header, (f'<div class="strip">{esc(ro["text"])}</div>'
-                                    + banner("info", "This rollout was imported as text: it has no token rows yet. "
-                                                     "Enrich it (tab Import & enrich) to see its tokens, "
-                                                     "log-probs and entropy, and to branch from it."))
+        if toks.empty:  # imported as text only: show the text; Enrich fills its tokens
+            text = ro.get("text")
+            body = (f'<div class="strip plain-text">{esc(text)}</div>' if isinstance(text, str) and text
+                    else '<div class="empty">(an empty completion)</div>')
+            return legend, header, (conversation_html(turns, body) + banner(
+                "info", "This rollout was imported as text: it has no token rows yet. Enrich it (tab Import & "
+                        "enrich) to see its tokens, log-probs and entropy, and to branch from it."))
+        think, answer = (None, None) if task is None else completion_marks(task, prompt, [text_of(r) for r in rows_of(
+            toks[["token_text", "token_id"]])])
         strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),
                            fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
-                           clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id)
-        return legend + fork_key_html(thr) + est_note, header, strip
+                           clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id,
+                           think=think, answer=answer)
+        marks = MARKS_KEY if think is not None or answer is not None else ""
+        return legend + fork_key_html(thr) + marks + est_note, header, conversation_html(turns, strip)
 
     def __panel__(self):
         return self._layout

@@ -1,7 +1,9 @@
 """Static HTML export: one self-contained file of a rollout, a group or a fork tree.
 
 The file is what the served views draw, rendered by the same widgets (``TokenStrip``,
-``GroupView``, ``tree_html``) from the same queries, with their stylesheets inlined. Hover
+``GroupView``, ``tree_html``) from the same queries, with their stylesheets inlined: a rollout
+as its conversation (system and user turns, then the assistant's tokens with the reasoning
+band and the answer outlined; a group's page shows the prompt's turns once). Hover
 cards are pure CSS (``.tok:hover .card``), so they work from ``file://`` with no script and
 no server; nothing is loaded from the network (system fonts only). Every token and text is
 escaped by the widgets: a completion that contains ``<script>`` shows it as text.
@@ -67,10 +69,20 @@ def _strip_parts(studio: Studio, rollout_id: str, channel: str) -> tuple[str, st
     return header.object, legend_html, strip.object
 
 
+# a turn before the assistant's as the token strip draws it (its text is escaped: it holds no '<')
+PROMPT_TURN = re.compile(r'<div class="turn (?!assistant)[^"]*"><span class="role">[^<]*</span>'
+                         r'<div class="say">[^<]*</div></div>')
+
+
+def _subtitle(*parts) -> str:
+    """Parts that are known, joined (an import has no policy: never a 'None')."""
+    return " · ".join(str(p) for p in parts if p is not None and p == p and str(p))
+
+
 def rollout_html(studio: Studio, rollout_id: str, channel: str = "entropy", title: str | None = None) -> str:
     ro = studio.rollout(rollout_id)
     head, legend, strip = _strip_parts(studio, rollout_id, channel)
-    return _page(title or f"Rollout {rollout_id}", f"{ro['run']} · {ro['policy']} · coloured by {channel}",
+    return _page(title or f"Rollout {rollout_id}", _subtitle(ro.get("run"), ro.get("policy"), f"coloured by {channel}"),
                  [(f"Token strip <code>{esc(rollout_id)}</code>", head + legend + strip)], [])
 
 
@@ -88,6 +100,8 @@ def group_html(studio: Studio, group_id: str, channel: str = "entropy", title: s
         head, legend, strip = _strip_parts(studio, r.rollout_id, channel)
         if i == 0:  # one legend for the page: every completion shares the scale and the fork threshold
             sections.append((f"Group <code>{esc(group_id)}</code>", summary + legend))
+        else:  # one prompt: its turns are shown with the first completion
+            strip = PROMPT_TURN.sub("", strip)
         sections.append((f"#{int(r.sample_idx)} <code>{esc(r.rollout_id)}</code>", head + strip))
     first = df.iloc[0]
     return _page(title or f"Group of {first['prompt']}", f"{len(df)} completions · coloured by {channel}",

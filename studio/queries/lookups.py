@@ -88,3 +88,30 @@ def prefix_chars(store: Store, keys: list[tuple[str, int]]) -> dict[tuple[str, i
         part = df[(df["rollout_id"] == rid) & (df["pos"] < pos)]
         out[(rid, pos)] = int(part["token_text"].str.len().sum())
     return out
+
+
+def rollout_facts(store: Store, rollout_id: str) -> dict | None:
+    """What the conversation view of one rollout shows beyond its scored row: ``task``, ``prompt``
+    (the prompt's text), ``messages`` (its chat, JSON text or None), ``prompt_text`` (the templated
+    text the policy saw, or None), ``gold`` (JSON text), ``answer`` and ``correct`` (facts of the
+    rollout, None where unknown), ``n_tokens``; None when the store has no such rollout."""
+    df = store.df("SELECT p.task, p.text AS prompt, p.messages::VARCHAR AS messages, ro.prompt_text, "
+                  "p.gold::VARCHAR AS gold, ro.answer, ro.correct, ro.n_tokens FROM rollouts ro "
+                  "JOIN prompts p USING (prompt_id) WHERE ro.rollout_id = ?", [rollout_id])
+    if df.empty:
+        return None
+    row = df.astype(object).iloc[0].to_dict()
+    return {k: (None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v) for k, v in row.items()}
+
+
+def scope_task(store: Store, run_id: str | None = None) -> str | None:
+    """The task of a scope: the task of run ``run_id``'s prompts when given, else the task most of
+    the store's rollouts are of (None for a store without rollouts)."""
+    where, params = ("WHERE ro.run_id = ?", [run_id]) if run_id else ("", [])
+    return store.scalar(f"SELECT p.task FROM rollouts ro JOIN prompts p USING (prompt_id) {where} "
+                        "GROUP BY p.task ORDER BY count(*) DESC, p.task LIMIT 1", params)
+
+
+def task_prompt_texts(store: Store, task: str, limit: int = 200) -> list[str]:
+    """Prompt texts of ``task`` already in the store (the Generate panel's picker), by text."""
+    return store.df("SELECT text FROM prompts WHERE task = ? ORDER BY text LIMIT ?", [task, limit])["text"].tolist()

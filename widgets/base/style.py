@@ -162,6 +162,28 @@ CSS = """
 .badge.pivotal { background:#ffe3e3; color:#c92a2a; border:1px solid #ffa8a8; }
 .badge.calm { background:#f1f3f5; color:#495057; }
 a.link, .link { color:var(--accent); cursor:pointer; text-decoration:underline dotted; }
+.muted { color:#868e96; font-weight:400; }
+.convo { display:flex; flex-direction:column; gap:4px; margin:2px 0; }
+.convo .turn { display:grid; grid-template-columns:60px minmax(0, 1fr); gap:6px; align-items:start; }
+.convo .role { font-size:11px; font-weight:600; color:#868e96; padding-top:5px; text-align:right; white-space:nowrap; }
+.convo .say { font-size:13px; line-height:1.45; color:#343a40; white-space:pre-wrap; word-break:break-word;
+              background:#f8f9fa; border:1px solid #e9ecef; border-radius:6px; padding:4px 8px; max-height:9.5em;
+              overflow:auto; }
+.convo .turn.system .say { color:#6b7280; font-size:12px; background:#fff; border-style:dashed; }
+.convo .turn.assistant .role { color:#3b5bdb; padding-top:10px; }
+.convo .say-strip { min-width:0; }
+.strip.plain-text { font-size:13.5px; line-height:1.6; white-space:pre-wrap; word-break:break-word; padding-bottom:6px; }
+.think-block { display:block; background:#f6f4ff; border-left:3px solid #b197fc; border-radius:4px;
+               padding:0 6px 2px 6px; margin:2px 0 6px 0; }
+.think-label { display:block; font-family:Inter, 'Segoe UI', system-ui, sans-serif; font-size:10px; font-weight:700;
+               letter-spacing:.06em; text-transform:uppercase; color:#7048e8; line-height:1.6; padding-top:2px; }
+.tok.answer { box-shadow:0 -2px 0 #1971c2, 0 2px 0 #1971c2; }
+.tok.answer.a-first { box-shadow:-2px 0 0 #1971c2, 0 -2px 0 #1971c2, 0 2px 0 #1971c2; }
+.tok.answer.a-last { box-shadow:2px 0 0 #1971c2, 0 -2px 0 #1971c2, 0 2px 0 #1971c2; }
+.tok.answer.a-first.a-last { box-shadow:0 0 0 2px #1971c2; }
+.think-swatch { display:inline-block; width:14px; height:10px; background:#f6f4ff; border-left:3px solid #b197fc; }
+.answer-swatch { display:inline-block; width:14px; height:10px; border:2px solid #1971c2; border-radius:2px;
+                 margin-left:8px; }
 """ % {"accent": ACCENT}
 
 
