@@ -32,7 +32,7 @@ from studio.rewards import Rule, default_rule, rule_version_frame, score_frame
 from studio.store import Store
 from studio.store.records import generation_rows, prompt_rows
 from studio.store.runs import set_status, start_run
-from studio.tasks import get_task
+from studio.tasks import get_task, seen_prompt
 from studio.workers.sync import run_sync
 from studio.workers.vocab import policy_label, resolve_policy
 
@@ -159,9 +159,11 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
 def _policy_input(store: Store, parent: dict) -> str | dict:
     """The parent's prompt as its policy read it: the stored exact text when a template made it
     (or an import brought it templated), else the task's chat for the attached policy's template."""
-    seen = store.scalar("SELECT prompt_text FROM rollouts WHERE rollout_id = ?", [parent["rollout_id"]])
-    if seen:
-        return seen
+    seen, messages = store.cursor().execute(
+        "SELECT ro.prompt_text, p.messages FROM rollouts ro JOIN prompts p USING (prompt_id) WHERE rollout_id = ?",
+        [parent["rollout_id"]]).fetchall()[0]
+    if seen or messages:
+        return seen_prompt(seen, parent["prompt"], messages)
     return get_task(parent["task"]).policy_input(queries.prompt_of_row(parent))
 
 

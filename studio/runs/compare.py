@@ -13,6 +13,7 @@ import pandas as pd
 
 from studio import workers
 from studio.store import Store
+from studio.tasks import seen_prompt
 from studio.workers.sync import run_sync
 from studio.workers.vocab import check_policy
 
@@ -32,9 +33,12 @@ async def score_with(store: Store, policy_path: str | Path, rollout_ids: list[st
     executor = executor or workers.pool()
     for lo in range(0, len(todo), batch):
         ids = todo[lo:lo + batch]
-        rows = store.df("""SELECT ro.rollout_id, coalesce(ro.prompt_text, p.text) AS prompt, list(t.token_id ORDER BY t.pos) AS token_ids
+        rows = store.df("""SELECT ro.rollout_id, ro.prompt_text, p.text AS prompt, p.messages,
+                                  list(t.token_id ORDER BY t.pos) AS token_ids
                            FROM rollouts ro JOIN prompts p USING (prompt_id) JOIN tokens t USING (rollout_id)
-                           WHERE list_contains(?, ro.rollout_id) GROUP BY ro.rollout_id, ro.prompt_text, p.text""", [ids])
+                           WHERE list_contains(?, ro.rollout_id) GROUP BY ALL""", [ids])
+        rows["prompt"] = [seen_prompt(*x) for x in zip(rows["prompt_text"], rows["prompt"], rows["messages"],
+                                                       strict=True)]
         fut = executor.submit(workers.score_job, str(folder), rows["prompt"].tolist(),
                               [[int(i) for i in x] for x in rows["token_ids"]])
         gens, _, _ = await asyncio.wrap_future(fut)

@@ -19,7 +19,7 @@ from studio import queries
 from studio.queries.credit import PRM_PREFIX, VALUE_PREFIX, steps_of
 from studio.signals.steps import Segmenter
 from studio.store import Store
-from studio.tasks import get_task
+from studio.tasks import get_task, seen_prompt
 
 
 def answer_text(task: str, gold: dict, prefix: str = "") -> str:
@@ -40,8 +40,10 @@ async def information_gain(store: Store, policy_path: str | Path, rollout_ids: l
     """
     from studio import workers
 
-    rows = store.df("""SELECT ro.rollout_id, ro.text, coalesce(ro.prompt_text, p.text) AS prompt, p.gold, p.task FROM rollouts ro
-                       JOIN prompts p USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""", [rollout_ids])
+    rows = store.df("""SELECT ro.rollout_id, ro.text, ro.prompt_text, p.text AS prompt, p.messages, p.gold, p.task
+                       FROM rollouts ro JOIN prompts p USING (prompt_id) WHERE list_contains(?, ro.rollout_id)""",
+                    [rollout_ids])
+    rows["prompt"] = [seen_prompt(*x) for x in zip(rows["prompt_text"], rows["prompt"], rows["messages"], strict=True)]
     jobs = []
     for r in rows.itertuples(index=False):
         steps = steps_of(store, r.rollout_id, seg)

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from studio import workers
 from studio.store import Store
+from studio.tasks import seen_prompt
 from studio.workers.vocab import check_policy
 
 
@@ -85,14 +86,17 @@ def runs_to_enrich(store: Store, limit: int = 200) -> pd.DataFrame:
 
 
 def _batch_rows(store: Store, ids: list[str]) -> pd.DataFrame:
-    return store.df("""
-        SELECT ro.rollout_id, coalesce(ro.prompt_text, p.text) AS prompt, ro.text AS completion, ro.finish_reason,
+    rows = store.df("""
+        SELECT ro.rollout_id, ro.prompt_text, p.text AS prompt, p.messages, ro.text AS completion, ro.finish_reason,
                list(t.token_id ORDER BY t.pos) FILTER (WHERE t.pos IS NOT NULL) AS token_ids,
                list(t.token_text ORDER BY t.pos) FILTER (WHERE t.pos IS NOT NULL) AS token_texts,
                count(t.pos) AS n
         FROM rollouts ro JOIN prompts p USING (prompt_id) LEFT JOIN tokens t USING (rollout_id)
         WHERE list_contains(?, ro.rollout_id)
-        GROUP BY ro.rollout_id, ro.prompt_text, p.text, ro.text, ro.finish_reason ORDER BY ro.rollout_id""", [ids])
+        GROUP BY ro.rollout_id, ro.prompt_text, p.text, p.messages, ro.text, ro.finish_reason
+        ORDER BY ro.rollout_id""", [ids])
+    rows["prompt"] = [seen_prompt(*x) for x in zip(rows["prompt_text"], rows["prompt"], rows["messages"], strict=True)]
+    return rows
 
 
 def _token_frame(rid: str, g) -> dict:

@@ -11,7 +11,8 @@ from .base import (
                    from_spec,
                    get_task,
                    register_task,
+                   seen_prompt,
                    task_names,
 )
 
-__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "define", "from_spec", "get_task", "register_task", "task_names"]
+__all__ = ["ParsedCompletion", "Prompt", "Step", "Task", "TaskParseError", "UnknownTaskError", "define", "from_spec", "get_task", "register_task", "seen_prompt", "task_names"]

@@ -143,6 +143,18 @@ class UnknownTaskError(StudioError, KeyError):
         return str(self.args[0])
 
 
+def seen_prompt(prompt_text: str | None, text: str, messages: Any = None) -> str | dict[str, Any]:
+    """What a policy reads for a stored rollout: the exact text it was given (a template's
+    output), else the stored chat (rendered by the policy's template in the worker), else the text."""
+    if prompt_text:
+        return prompt_text
+    if isinstance(messages, str):
+        import json
+
+        messages = json.loads(messages)
+    return {"messages": list(messages), "thinking": None} if messages else text
+
+
 def define(spec: dict[str, Any]) -> Task:
     """Make a task described by ``spec`` (a stored task's ``spec``) known in this process."""
     task = from_spec(spec)

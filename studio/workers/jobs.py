@@ -64,15 +64,22 @@ def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], pref
     return policy.branch(prompt, prefix_ids, choices, **kwargs), policy_version(str(policy.path)), policy.device
 
 
-def score_job(policy_path: str, prompts: list[str], completions: list[list[int]]) -> tuple[list, str, str]:
+def _rendered(policy, prompts: list[str | dict]) -> list[str]:
+    """Prompt texts as the policy reads them: a chat (an import that gave messages) through its template."""
+    from backends.chat import render_all
+
+    return render_all(policy.tokenizer, prompts)
+
+
+def score_job(policy_path: str, prompts: list[str | dict], completions: list[list[int]]) -> tuple[list, str, str]:
     """Runs in a worker: teacher-forced statistics of stored completions under a policy."""
     from backends import load_policy
 
     policy = load_policy(policy_path)
-    return policy.score(prompts, completions), policy_version(str(policy.path)), policy.device
+    return policy.score(_rendered(policy, prompts), completions), policy_version(str(policy.path)), policy.device
 
 
-def enrich_job(policy_path: str, prompts: list[str], completions: list[str | list[int]],
+def enrich_job(policy_path: str, prompts: list[str | dict], completions: list[str | list[int]],
                expect: list[int | None], stopped: list[bool]) -> tuple[list, str, str]:
     """Runs in a worker: teacher-forced statistics of imported completions (``studio.runs.enrich``);
     one ``Generation`` per rollout, or the reason it cannot be scored (longer than the policy's
@@ -86,6 +93,7 @@ def enrich_job(policy_path: str, prompts: list[str], completions: list[str | lis
 
     policy = load_policy(policy_path)
     tok = policy.tokenizer
+    prompts = _rendered(policy, prompts)
     limit = context_length(policy)
     forced: list[list[int]] = []
     too_long: dict[int, str] = {}
@@ -121,7 +129,7 @@ def context_length(policy) -> int | None:
     return None
 
 
-def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], answers: list[str],
+def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[str], answers: list[str],
                     batch_size: int = 32) -> tuple[list[float], str]:
     """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.
 
@@ -134,6 +142,7 @@ def answer_prob_job(policy_path: str, prompts: list[str], prefixes: list[str], a
 
     policy = load_policy(policy_path)
     tok = policy.tokenizer
+    prompts = _rendered(policy, prompts)
     ids, n_ans = [], []
     for pre, ans in zip(prefixes, answers, strict=False):
         a = tok(ans, add_special_tokens=False)["input_ids"]
