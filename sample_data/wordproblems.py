@@ -179,7 +179,7 @@ def _travel(rng: random.Random) -> Story:
     steps = [Step(speed, "*", hours, "In the first part " + p.he + " covers {} miles."),
              Step(dist, "+", extra, "So far " + p.he + " has gone {} miles.")]
     gone = dist + extra
-    if gone > LIMIT:
+    if gone >= LIMIT:
         return _travel(rng)
     if rng.random() < 0.6:
         trip = rng.randint(gone + 1, LIMIT)
