@@ -33,6 +33,16 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
     The same page and counts with one broad filter over every run: *incorrect* alone (the whole
     store scored, about half of it matching), and a reward range alone (0.1-1.1, the lower bound
     moved by 0.01 each repetition so no two repetitions ask the same).
+``filtered_page_ms_correct_all_runs`` and ``filtered_page_ms_reward_all_runs`` (target < 200 ms)
+    The table's first 18-row page and its counts (what the widget reads for a new filter) under
+    *correct* alone and under a reward range alone (0.1-1.1, moved per repetition), over every run.
+    Correctness is the column ``rollouts.correct`` (make_large_store leaves it NULL, so it is set
+    first from the synthetic ``accuracy`` component, as an import's correctness field sets it); the
+    reward range reads the ``total`` rows of one version (``queries.table.reward_source``).
+    Baseline ``previous_*``: the same calls of the previous implementation (``studio/queries/scoring.py``
+    and ``table.py`` as of commit ``PREVIOUS``, read with ``git show``: correctness and the shown reward
+    recomputed per row from every reward version), measured in the same run on the same store (null
+    where git or that commit is not there).
 ``group_ms_median`` (no target; well under 200 ms)
     The group view (``widgets/group_view.py``): ``queries.group`` (every completion with reward,
     advantage and components) and ``queries.tokens_of`` its completions. A random group each time.
@@ -88,10 +98,13 @@ from benchmarks import smoke  # noqa: E402
 from studio.signals.steps import Segmenter  # noqa: E402
 
 TARGETS = {"rollout_tokens_ms_median": ("<", 20.0), "filtered_page_ms_median": ("<", 200.0),
+           "filtered_page_ms_correct_all_runs": ("<", 200.0), "filtered_page_ms_reward_all_runs": ("<", 200.0),
            "filtered_page_incorrect_ms_median": ("<", 200.0), "filtered_page_reward_range_ms_median": ("<", 200.0),
            "group_ms_median": ("<", 200.0), "ingest_rows_per_s": (">=", 0.5)}  # ingest: ratio to the baseline
 FIGURES = ("rollout_tokens", "filtered_page", "filtered_page_incorrect", "filtered_page_reward_range", "group")
 PROMPT_TEXTS = [f"{d}+" for d in range(11, 99, 7)]  # "11+", "18+", ...: ~1 % of the synthetic prompts each
+PREVIOUS = "afd5766"  # the table's read before correctness was a column (the baseline of the two figures above)
+BROAD = {"filtered_page_ms_correct_all_runs": "correct_all_runs", "filtered_page_ms_reward_all_runs": "reward_all_runs"}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -130,6 +143,40 @@ def open_store(db: Path | None, tmp: Path, shape: mls.Shape):
     return store, time.perf_counter() - t
 
 
+def fill_correct(store) -> None:
+    """``rollouts.correct`` from the synthetic ``accuracy`` component where make_large_store left it NULL
+    (as an import's correctness field sets it): one UPDATE, before anything is timed."""
+    if store.scalar("SELECT count(*) FROM rollouts WHERE correct IS NOT NULL"):
+        return
+    t = time.perf_counter()
+    with store.transaction() as cur:
+        cur.execute("""UPDATE rollouts SET correct = a.value >= 1
+                       FROM (SELECT rollout_id, value FROM rewards WHERE component = 'accuracy'
+                             AND rule_version_id = (SELECT min(rule_version_id) FROM rule_versions)) a
+                       WHERE rollouts.rollout_id = a.rollout_id""")
+    print(f"store: rollouts.correct set from the synthetic accuracy in {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def previous_table():
+    """The previous implementation's ``studio.queries.table`` (scoring and table modules as of commit
+    ``PREVIOUS``), or None when git or the commit is not there."""
+    import subprocess
+    import types
+
+    try:
+        src = {m: subprocess.run(["git", "-C", str(REPO), "show", f"{PREVIOUS}:studio/queries/{m}.py"],
+                                 capture_output=True, text=True, check=True).stdout for m in ("scoring", "table")}
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    scoring = types.ModuleType("previous_scoring")
+    exec(compile(src["scoring"], f"{PREVIOUS}:scoring.py", "exec"), scoring.__dict__)  # noqa: S102 - our own code
+    table = sys.modules["previous_table"] = types.ModuleType("previous_table")  # (dataclasses look it up)
+    table.__dict__["scored_rollouts_sql"] = scoring.scored_rollouts_sql
+    body = src["table"].replace("from studio.queries.scoring import scored_rollouts_sql\n", "")
+    exec(compile(body, f"{PREVIOUS}:table.py", "exec"), table.__dict__)  # noqa: S102 - our own code
+    return table
+
+
 # --------------------------------------------------------------------------------------
 # latencies: what the widgets run
 # --------------------------------------------------------------------------------------
@@ -163,11 +210,20 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
                      FROM ({base}) s JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
                      WHERE s.rollout_id = ?""", params + [rids_s[i]])
 
-    def page(f: RolloutFilter):  # what the table reads for a new filter: its first page and its counts
-        _, n_rows = queries.rollout_table_counted(store, f, None, cr)
+    def page(f: RolloutFilter, table=queries):  # what the table reads for a new filter: its first page and counts
+        _, n_rows = table.rollout_table_counted(store, f, None, cr)
         if n_rows is None:  # the page did not count the filter's rows (no reward condition, or no rows)
-            queries.rollout_table_count(store, f, None, cr)
+            table.rollout_table_count(store, f, None, cr)
         queries.rollout_count(store)
+
+    previous = previous_table()
+    widget_page = 18  # the widget's page (PAGE_SIZE)
+
+    def correct_all_runs(i, table=queries):
+        page(RolloutFilter(correct=True, limit=widget_page), table)
+
+    def reward_all_runs(i, table=queries):
+        page(RolloutFilter(reward_min=0.1 + 0.01 * (i % 10), reward_max=1.1, limit=widget_page), table)
 
     def filtered(i):
         page(RolloutFilter(run_id=runs[i % len(runs)], correct=False, reward_min=0.1, reward_max=1.1,
@@ -209,6 +265,9 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
          "rollout_table(reward 0.1-1.1, the lower bound moved per rep), every run + its count + rollout_count"),
         ("filtered_page_recount", filtered_recount, few,
          "the same with the count as a second scoring pass (rollout_table + rollout_table_count), as before"),
+        ("correct_all_runs", correct_all_runs, n, "the widget's page (18 rows) under correct, every run + counts"),
+        ("reward_all_runs", reward_all_runs, n,
+         "the widget's page (18 rows) under reward 0.1-1.1 (moved per rep), every run + counts"),
         ("group", group, n, "queries.group + queries.tokens_of (group view)"),
         ("page_default", lambda i: page(RolloutFilter()), few, "rollout_table() no filter: the first view"),
         ("page_run", lambda i: page(RolloutFilter(run_id=runs[i % len(runs)])), few, "rollout_table(run)"),
@@ -232,6 +291,10 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
         ("group_picker_newest", lambda i: queries.groups(store, limit=50), few,
          "queries.groups(limit=50): the picker without a table (notebook)"),
     ]
+    if previous is not None:
+        plan += [(f"previous_{key}", lambda i, fn=fn: fn(i, previous), few,
+                  f"baseline: the same under the previous implementation ({PREVIOUS})")
+                 for key, fn in (("correct_all_runs", correct_all_runs), ("reward_all_runs", reward_all_runs))]
     out, notes = {}, {}
     for key, fn, k, note in plan:
         out[key] = _timed(fn, k)
@@ -351,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         shape = mls.Shape(a.rollouts, a.tokens_per_rollout, sharded=a.sharded)
         store, build_s = open_store(a.db, tmp, shape)
+        fill_correct(store)
         counts = store.counts()
         n_shards = len(store.shard_paths())
         print(f"store: {counts['rollouts']:,} rollouts, {counts['tokens']:,} tokens, {counts['prompts']:,} prompts, "
@@ -375,12 +439,17 @@ def main(argv: list[str] | None = None) -> None:
     w = max(map(len, lat))
     print(f"{'action':{w}s} {'median ms':>10s} {'p95 ms':>9s}  {'target':>8s}  what")
     for key, ms in lat.items():
-        fig = f"{key}_ms_median"
+        fig = next((k for k, v in BROAD.items() if v == key), f"{key}_ms_median")
         tgt = f"{TARGETS[fig][0]} {TARGETS[fig][1]:g}" if fig in TARGETS else ""
         print(f"{key:{w}s} {statistics.median(ms):10.1f} {_p95(ms):9.1f}  {tgt:>8s}  {notes[key]}")
     for key in FIGURES:
         figures.append({"figure": f"{key}_ms_median", "value": round(statistics.median(lat[key]), 2), "unit": "ms",
                         "baseline": None, "baseline_value": None, "ratio": None})
+    for fig, key in BROAD.items():
+        ours = round(statistics.median(lat[key]), 2)
+        base = round(statistics.median(lat[f"previous_{key}"]), 2) if f"previous_{key}" in lat else None
+        figures.append({"figure": fig, "value": ours, "unit": "ms", "baseline": f"previous_{key}_ms",
+                        "baseline_value": base, "ratio": _ratio(ours, base)})
     if ing is not None:
         ours, base = ing["rows"] / ing["import_s"], ing["rows"] / ing["write_s"]
         print(f"\ningest of {ing['rollouts']:,} rollouts + {ing['tokens']:,} tokens ({ing['bytes'] / 2**20:.0f} MiB "

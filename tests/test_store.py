@@ -189,28 +189,38 @@ def test_table_pages_count_and_sort_every_row_in_the_store(seeded_store):
         queries.rollout_table(seeded_store, sort=("gold", True))
 
 
-def test_a_page_scored_whole_carries_its_filter_s_count(seeded_store):
-    """Under a correctness or reward condition (or a sort by reward) the page comes from scoring
-    every row under the filter, and that pass counts them: the table shows that count, not a
-    second scoring. It equals the filter's count on every page, and the page's rows are the same;
-    a page cut from the rollouts first, or past the last row, leaves the count to ``rollout_table_count``."""
-    from studio.queries import RolloutFilter
+def test_a_page_carries_its_filter_s_count_where_its_read_knew_it(seeded_store):
+    """Under a sort by reward or advantage the page comes from scoring every row under the filter,
+    and that pass counts them; under a reward range over the whole store the version's reward rows
+    count them (``reward_source``): the table shows that count, not a second pass. It equals the
+    filter's count on every page, and the page's rows are the same. Correctness is a column of the
+    rollouts: its pages are cut from them first (only their groups scored), equal to the same rows
+    of the filter scored whole, and leave the count to ``rollout_table_count``."""
+    from studio.queries import PAGE_FIRST_MAX, RolloutFilter
 
     run = seeded_store.scalar("SELECT run_id FROM rollouts ORDER BY rollout_id LIMIT 1")
-    for f, sort in ((RolloutFilter(correct=False, limit=18), None), (RolloutFilter(correct=True, limit=18), None),
-                    (RolloutFilter(reward_min=0.5, limit=18), None),
-                    (RolloutFilter(prompt_contains="3", correct=False, limit=18), None), (RolloutFilter(run_id=run, correct=False, limit=18), ("n_tokens", True)),
-                    (RolloutFilter(limit=18), ("reward", False))):
+    for f, sort in ((RolloutFilter(reward_min=0.5, limit=18), None), (RolloutFilter(limit=18), ("reward", False)),
+                    (RolloutFilter(correct=True, reward_min=0.5, limit=18), ("advantage", True))):
         want = queries.rollout_table_count(seeded_store, f)
-        assert queries.scores_scope(f, sort) and want > 18
+        assert want > 18
         for offset in (0, 18, want - 1):
             page, n = queries.rollout_table_counted(seeded_store, f, offset=offset, sort=sort)
             pd.testing.assert_frame_equal(page, queries.rollout_table(seeded_store, f, offset=offset, sort=sort))
             assert n == want and "_total" not in page.columns
-        assert queries.rollout_table_counted(seeded_store, f, offset=want, sort=sort)[1] is None  # no rows: not counted
-    for f, sort in ((RolloutFilter(limit=18), None), (RolloutFilter(run_id=run, limit=18), ("n_tokens", True))):
-        page, n = queries.rollout_table_counted(seeded_store, f, sort=sort)
-        assert not queries.scores_scope(f, sort) and n is None and len(page) == 18
+        if sort is not None:
+            assert queries.rollout_table_counted(seeded_store, f, offset=want, sort=sort)[1] is None  # no rows
+    for f, sort in ((RolloutFilter(correct=False, limit=18), None), (RolloutFilter(correct=True, limit=18), None),
+                    (RolloutFilter(prompt_contains="3", correct=False, limit=18), None),
+                    (RolloutFilter(run_id=run, correct=False, limit=18), ("n_tokens", True)),
+                    (RolloutFilter(correct=True, limit=18), ("correct", False)),
+                    (RolloutFilter(limit=18), None), (RolloutFilter(run_id=run, limit=18), ("n_tokens", True))):
+        whole = queries.rollout_table(seeded_store, replace(f, limit=PAGE_FIRST_MAX + 1), sort=sort)
+        assert len(whole) == queries.rollout_table_count(seeded_store, f) > 36
+        for offset in (0, 18, len(whole) - 5):
+            page, n = queries.rollout_table_counted(seeded_store, f, offset=offset, sort=sort)
+            assert not queries.scores_scope(f, sort) and n is None
+            pd.testing.assert_frame_equal(page.reset_index(drop=True),
+                                          whole.iloc[offset:offset + 18].reset_index(drop=True))
 
 
 @pytest.mark.parametrize("column", sorted(queries.ROLLOUT_SORTS))

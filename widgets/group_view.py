@@ -1,6 +1,11 @@
 """Group view: every completion sampled for one prompt, side by side, with reward
 components and GRPO advantage, flagged when all rewards are equal (no learning signal).
 
+✓ / ✗ on a card and the header's count of correct ones are the rollout's own correctness
+(``correct``: its task's check of the final answer, or an import's field; – when there is no
+gold answer), whatever rule version is shown; the header names the version the rewards come
+from (several, per card, when each rollout's latest scoring differs).
+
 The grid is one HTML pane built from the group scored from point reads (``queries.scored_group``,
 as the token strip's header is) and one read of its tokens, so switching groups stays cheap
 when many sessions browse at once; a selection change only moves the highlight in the cached
@@ -173,11 +178,15 @@ class GroupView(pn.viewable.Viewer):
         first = rows[0]
         gold = queries.prompt_of_row(first).gold.get("answer", "?")
         rewards = pd.Series([r["reward"] for r in rows], dtype=float)  # NaN: not scored (skipped below)
-        n_ok = sum(1 for r in rows if r["accuracy"] is not None and r["accuracy"] >= 1)
+        n_ok = sum(1 for r in rows if r.get("correct") is True)
+        n_checked = sum(1 for r in rows if r.get("correct") is not None)
         head = (f'<div class="meta-line"><span>prompt <b>{esc(first["prompt"])}</b></span>'
                 f'<span>gold <b>{esc(gold)}</b></span><span><b>{len(rows)}</b> completions</span>'
-                f'<span><b>{n_ok}</b> correct</span><span>mean reward <b>{rewards.mean():.3f}</b></span>'
-                f'<span>std <b>{rewards.std(ddof=1) if len(rows) > 1 else 0:.3f}</b></span></div>')
+                f'<span><b>{n_ok}</b> correct'
+                f'{"" if n_checked == len(rows) else f" ({len(rows) - n_checked} unchecked)"}</span>'
+                f'<span>mean reward <b>{rewards.mean():.3f}</b></span>'
+                f'<span>std <b>{rewards.std(ddof=1) if len(rows) > 1 else 0:.3f}</b></span>'
+                f'<span class="reward-version">{esc(version_label(rows, key[3]))}</span></div>')
         if len(rows) > 1 and rewards.max() - rewards.min() <= EQUAL_TOL:
             head += banner("warn", f"All {len(rows)} rewards are equal ({rewards.iloc[0]:.3f}): every group-relative "
                                    "advantage is 0 and this group gives no learning signal.")
@@ -210,7 +219,7 @@ class GroupView(pn.viewable.Viewer):
 
     @staticmethod
     def _card(row: dict, toks: pd.DataFrame | None, components: list[str], token_adv: dict, channel: str) -> str:
-        ok = row["accuracy"] is not None and row["accuracy"] >= 1
+        ok = row.get("correct")
         comps = "".join(f'<span>{esc(c)} <b>{row["components"][c]:.2f}</b></span>' for c in components
                         if row["components"].get(c) is not None)
         adv = token_adv.get(row["rollout_id"], row["advantage"]) if token_adv else row["advantage"]
@@ -219,10 +228,25 @@ class GroupView(pn.viewable.Viewer):
         reward = float("nan") if row["reward"] is None else row["reward"]
         return (f'<div class="group-card" data-rollout="{esc(row["rollout_id"])}" data-mark="{esc(row["rollout_id"])}">'
                 f'<div class="meta-line"><b>#{int(row["sample_idx"])}</b>'
-                f'{"<b class=ok>✓</b>" if ok else "<b class=bad>✗</b>"}'
-                f'<span>reward <b>{reward:.3f}</b></span>'
+                f'{"<b class=ok>✓</b>" if ok else "<span>–</span>" if ok is None else "<b class=bad>✗</b>"}'
+                f'<span title="{esc(row.get("rule_version_id") or "no reward")}">reward <b>{reward:.3f}</b></span>'
                 f'<span>adv {chip(row["advantage"], SCALES["advantage"])}</span></div>'
                 f'<div class="meta-line">{comps}</div>{strip}</div>')
 
     def __panel__(self):
         return self._layout
+
+
+def version_label(rows: list[dict], asked: str | None) -> str:
+    """Which rule version the group's rewards come from: the one asked for, the one every card's
+    latest scoring is, or, when they differ, each with its number of cards."""
+    if asked:
+        return f"rewards: {asked}"
+    versions = pd.Series([r.get("rule_version_id") for r in rows], dtype=object).dropna()
+    if versions.empty:
+        return "no rewards stored"
+    counts = versions.value_counts()
+    if len(counts) == 1:
+        return f"rewards (latest scoring): {counts.index[0]}"
+    return ("rewards from each rollout's latest scoring, " + str(len(counts)) + " versions (scales may differ): "
+            + ", ".join(f"{v} ×{n}" for v, n in counts.items()))

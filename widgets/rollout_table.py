@@ -1,6 +1,13 @@
 """Rollout table: filter by run, prompt, correctness and reward range; page through the
 rows, newest first; select a row to open it in the token strip and its group in the group view.
 
+Correctness (the *ok* column and the correctness filter) is the rollout's own
+(``rollouts.correct``: its task's check of the final answer, or an import's correctness field;
+blank when there is no gold answer), never read from a reward version. Every row says which rule
+version its reward comes from (the *version* column). A reward range or a sort by reward reads one
+version (``queries.table.reward_source``): under "latest scoring", the newest that scored the
+rows, and when the rows hold rewards of several versions a note above the table names them.
+
 Paged in the store: the widget holds one page of rows (``PAGE_SIZE``), read with its filter
 by ``queries.rollout_table_counted`` at the page's offset, with the filter's row count where that
 read scored every row (else ``queries.rollout_table_count``, from the rollouts alone). A page
@@ -19,13 +26,14 @@ from studio.store import StoreError
 
 from .base.pickers import run_labels
 from .base.state import StudioState
-from .base.style import banner
+from .base.style import CSS, banner
 
 ALL_RUNS = "All runs"
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 # the shown columns and the two a click needs (hidden): every column is sent to the browser and
 # taken row by row by Panel on each click, so the page frame holds nothing else
-COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "group_id"]
+COLUMNS = ["rollout_id", "prompt", "completion", "reward", "version", "advantage", "correct", "n_tokens", "fork_pos",
+           "group_id"]
 
 
 class RolloutTable(pn.viewable.Viewer):
@@ -35,8 +43,9 @@ class RolloutTable(pn.viewable.Viewer):
     run = param.Selector(default=ALL_RUNS, objects=[ALL_RUNS], doc="Only rollouts of this run.")
     prompt_contains = param.String(default="", doc="Only prompts containing this text (case-insensitive).")
     correctness = param.Selector(default="all", objects=["all", "correct", "incorrect"],
-                                 doc="Final-answer correctness under the current rule.")
-    reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5), doc="Total reward between these values.")
+                                 doc="Final-answer correctness of the rollout (its task's check; no reward version).")
+    reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5),
+                               doc="Total reward between these values, under one rule version (the note says which).")
     page = param.Integer(default=1, bounds=(1, None), doc="The page of rows shown (newest first).")
 
     def __init__(self, **params):
@@ -47,17 +56,20 @@ class RolloutTable(pn.viewable.Viewer):
             selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
             hidden_columns=["rollout_id", "group_id"],
-            titles={"n_tokens": "len", "advantage": "adv.", "correct": "ok", "fork_pos": "fork"},
+            titles={"n_tokens": "len", "advantage": "adv.", "correct": "ok", "fork_pos": "fork",
+                    "version": "reward version"},
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
-                        "correct": {"type": "tickCross"}},
-            widths={"prompt": 112, "completion": 226, "reward": 78, "advantage": 74, "correct": 44, "n_tokens": 52,
-                    "fork_pos": 54},
+                        "correct": {"type": "tickCross", "allowEmpty": True}},
+            widths={"prompt": 112, "completion": 190, "reward": 70, "version": 110, "advantage": 70, "correct": 40,
+                    "n_tokens": 48, "fork_pos": 50},
             stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"
                          " :host .tabulator-col-content { padding: 6px 4px !important; }"
                          " :host .tabulator-col-sorter { right: 2px !important; }"],
             header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
+        self._note = pn.pane.HTML("", margin=(0, 10), css_classes=["table-versions"], visible=False,
+                                  stylesheets=[CSS])
         self._newer = pn.widgets.Button(name="‹ newer", color="light", width=80, height=30,
                                         css_classes=["page-newer"], disabled=True)
         self._older = pn.widgets.Button(name="older ›", color="light", width=80, height=30,
@@ -90,7 +102,7 @@ class RolloutTable(pn.viewable.Viewer):
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
             sizing_mode="stretch_width",
         )
-        self._layout = pn.Column(self._count, self._table, self._pager, sizing_mode="stretch_width")
+        self._layout = pn.Column(self._count, self._note, self._table, self._pager, sizing_mode="stretch_width")
         self._updating_choices = False
         self._selecting = False
         self.state.add_preloader(self._preload)
@@ -258,6 +270,8 @@ class RolloutTable(pn.viewable.Viewer):
         span = f"{first + 1:,}–{first + len(df):,}" if len(df) else "none"
         self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{self._n_rows:,}</b> of {self._total:,} '
                               f'rollouts match · rows <b>{span}</b> shown</span>')
+        note = df.attrs.get("versions_note")
+        self._note.param.update(object=banner("warn", note) if note else "", visible=bool(note))
 
     def _on_select(self, event) -> None:
         if not event.new or self._selecting:
@@ -273,8 +287,12 @@ def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
     """A page's rows as the table shows them (made where the page is read: after new rows, on the
     preload thread, not on the event loop that serves every page)."""
     df = rows.reindex(columns=COLUMNS)
-    df["correct"] = df["correct"].fillna(False).astype(bool)
+    df["correct"] = [None if pd.isna(x) else bool(x) for x in df["correct"]]  # blank: nothing to check against
+    df["correct"] = df["correct"].astype(object)
+    df["version"] = df["version"].astype(object).where(df["version"].notna(), "")
+    source = rows.attrs.get("reward_source")
+    df.attrs["versions_note"] = source.note if source is not None else None
     df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
-    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
+    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "version"):  # plain objects: Panel's row takes
         df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
     return df

@@ -7,7 +7,9 @@ of a tailed file), ``tokens`` where token-level fields exist (through the import
 :class:`~studio.store.shards.TokenSink`: over ``SHARD_MIN_ROWS`` token rows they stream into
 one Parquet shard beside the store), ``token_scores`` (``value-import@<run id>``) for per-token
 critic values, and one ``rule_versions`` row ``import-<format>@<hash of the reward columns>``
-(:func:`version_of`) with its ``rewards``. Per file, its ``import_files`` row (how far it was
+(:func:`version_of`) with its ``rewards``. A correctness field (``acc``, ``is_correct``, …:
+:func:`~studio.ingest.formats.is_correctness`) also sets ``rollouts.correct`` (value ≥ 1), the
+rollout's correctness whatever reward version is shown. Per file, its ``import_files`` row (how far it was
 read: importing again resumes there and never duplicates a row); per new run, its ``runs`` row
 (kind ``import``).
 """
@@ -73,7 +75,7 @@ def _components(b: Batch) -> tuple[list[str], list[pa.Array], pa.Array]:
     names = [("source_total" if c == "total" else c) for c in b.components]
     values = list(b.components.values())
     correct = [(c, v) for c, v in zip(names, values, strict=True) if is_correctness(c)]
-    if correct and "accuracy" not in names:  # the studio reads correctness from `accuracy` >= 1
+    if correct and "accuracy" not in names:  # the import's version says it under the common name too
         names.append("accuracy")
         values.append(pc.if_else(pc.greater_equal(correct[0][1], 1.0), 1.0, 0.0))
     if b.total is not None:
@@ -214,6 +216,10 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
         "train_advantage": b.advantage if b.advantage is not None else pa.nulls(n, pa.float64()),
         "prompt_text": b.prompt_text if b.prompt_text is not None else pa.nulls(n, pa.string())})
     names, values, total = _components(b)
+    checks = [v for c, v in zip(names, values, strict=True) if is_correctness(c)]
+    if checks:  # the run's own correctness field: a fact of the rollout (NULL where the field has no value)
+        frames["rollouts"] = frames["rollouts"].append_column(
+            "correct", pc.greater_equal(checks[0].cast(pa.float64()), 1.0))
     if total is not None:
         vid, _ = version_of(ctx.fmt, src.mapping)
         if vid not in ctx.versions:

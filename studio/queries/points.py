@@ -31,8 +31,9 @@ class ScoredGroup:
     """One group scored as :func:`~studio.queries.scoring.scored_rollouts_sql` scores the scope ``ro.group_id = ?``.
 
     ``rows``: the group's rollouts in ``(sample_idx, rollout_id)`` order, each a dict of the
-    scored columns, ``rule_version_id``, ``reward``, ``accuracy``, ``advantage`` (NULL as NaN for
-    these three), ``prompt``, ``gold``, ``task``, ``run``, ``policy`` and ``components``, as
+    scored columns (``correct`` and ``answer`` among them: the rollout's own), ``rule_version_id``
+    (the version its reward comes from), ``reward``, ``accuracy`` (``correct`` as 1.0 / 0.0),
+    ``advantage`` (NULL as NaN for these three), ``prompt``, ``gold``, ``task``, ``run``, ``policy`` and ``components``, as
     :func:`~studio.queries.reads.rollout` returns them; a rollout whose prompt or run row is missing is scored with its
     group (``members``) but not listed, as the SQL joins them. ``tokens``: what a token-level
     estimator read per rollout, in position order (KL: ``pos, logprob, ref``; GAE: ``pos, value``),
@@ -87,9 +88,11 @@ def scored_group(store: Store, rollout_id: str | None = None, rule_version_id: s
     prompts, runs, created = lookup.result()
     gid, key, tokens = members[0]["group_id"], credit.estimator, {}
     picked = _picked([r + (created.get(r[1]),) for r in reward_rows], rule_version_id)
-    empty = {"rule_version_id": rule_version_id, "reward": None, "accuracy": None, "components": {}}
+    empty = {"rule_version_id": rule_version_id, "reward": None, "components": {}}
     for m in scope:
         m.update(picked.get(m["rollout_id"], empty))
+        ok = m.get("correct")  # (a REINFORCE++ batch's other rows carry only what batches them)
+        m["accuracy"] = None if ok is None else float(bool(ok))  # scoring.ACCURACY
     rewards, groups = [m["reward"] for m in scope], [m["group_id"] for m in scope]
     if key == "reinforce_pp":
         adv = _sequence_sql(key, rewards, groups, [(m["run_id"], m["train_step"]) for m in scope])
@@ -206,7 +209,7 @@ def _reward_rows(store: Store, ids: list[str], rule_version_id: str | None) -> l
 
 
 def _picked(rewards: list[tuple], rule_version_id: str | None) -> dict[str, dict]:
-    """``{rollout_id: {rule_version_id, reward, accuracy, components}}``: what :func:`~studio.queries.scoring.picked_sql` (with
+    """``{rollout_id: {rule_version_id, reward, components}}``: what :func:`~studio.queries.scoring.picked_sql` (with
     ``components``) picks from these reward rows (:func:`_reward_rows`'s, each with its version's
     ``created_at`` after them: NULL for a version missing from ``rule_versions``)."""
     per: dict[tuple, list[tuple]] = {}
@@ -225,7 +228,6 @@ def _picked(rewards: list[tuple], rule_version_id: str | None) -> dict[str, dict
                 continue
             newest[rid] = t
         out[rid] = {"rule_version_id": v, "reward": _sql_max(total),
-                    "accuracy": _sql_max([r[3] for r in rs if r[2] == "accuracy"]),
                     "components": {r[2]: math.nan if r[3] is None else float(r[3])
                                    for r in sorted(rs, key=lambda r: r[2])}}
     return out

@@ -135,9 +135,10 @@ def group(store: Store, group_id: str, rule_version_id: str | None = None,
 
 def groups(store: Store, run_id: str | None = None, rule_version_id: str | None = None,
            group_ids: list[str] | None = None, limit: int | None = None) -> pd.DataFrame:
-    """One row per group, newest first: prompt, size, mean reward, and whether all rewards are
-    equal. ``group_ids``: only these groups; ``limit``: only the newest this many (both read just
-    those groups' rows)."""
+    """One row per group, newest first: prompt, size, mean reward, ``n_correct`` and ``accuracy``
+    (rollouts whose ``correct`` is true, and their share of the checked ones: the rollouts' own
+    correctness, whatever version is shown), and whether all rewards are equal. ``group_ids``: only
+    these groups; ``limit``: only the newest this many (both read just those groups' rows)."""
     conds, sparams = ["TRUE"], []
     if run_id:
         conds.append("ro.run_id = ?")
@@ -154,7 +155,8 @@ def groups(store: Store, run_id: str | None = None, rule_version_id: str | None 
     return store.df(f"""
         WITH picked AS ({picked})
         SELECT ro.group_id, any_value(p.text) AS prompt, any_value(r.name) AS run, count(*) AS size,
-               avg(pk.reward) AS mean_reward, avg(CASE WHEN pk.accuracy >= 1 THEN 1 ELSE 0 END) AS accuracy,
+               avg(pk.reward) AS mean_reward, count(*) FILTER (WHERE ro.correct) AS n_correct,
+               avg(CASE WHEN ro.correct THEN 1.0 WHEN NOT ro.correct THEN 0.0 END) AS accuracy,
                coalesce(max(pk.reward) - min(pk.reward) <= {EQUAL_TOL!r}, true) AS all_equal,
                max(ro.created_at) AS created_at
         FROM rollouts ro LEFT JOIN picked pk ON pk.rollout_id = ro.rollout_id

@@ -1,17 +1,21 @@
-"""Scoring SQL: the store's rollouts with reward, accuracy and advantage, as SQL plus bound values.
+"""Scoring SQL: the store's rollouts with reward, correctness and advantage, as SQL plus bound values.
 
-Derived, not stored: each rollout's total reward and correctness (joins on ``rewards``;
-correct means the component named ``accuracy`` is ≥ 1) and its advantage, computed in the
-query by the estimator's SQL twin (:mod:`studio.signals.advantages`) with window functions
-over the *unfiltered* groups, so filtering the table never changes a rollout's advantage.
-Which rule version's rewards are shown is decided per rollout (:func:`versions_sql`): the
-most recent version that scored it, unless a version is asked for. Every builder takes a
-*scope*, a condition on ``rollouts ro`` that keeps or drops whole groups (``ro.group_id = ?``,
-:data:`GROUP_OF`), so opening one rollout reads one group and advantages are unchanged by
-scoping.
+Correctness is a fact of the rollout, stored, not derived: ``rollouts.correct`` (its task's
+check of the final answer against the gold one, or an import's own correctness field; NULL
+when there is nothing to check against), so no reward version, shown or not, changes it
+(``accuracy``, 1.0 / 0.0 / NULL, is the same fact as a number, for readers that take
+``accuracy >= 1``). Derived, not stored: each rollout's total reward (the ``total`` row of
+one rule version in ``rewards``) and its advantage, computed in the query by the
+estimator's SQL twin (:mod:`studio.signals.advantages`) with window functions over the
+*unfiltered* groups, so filtering the table never changes a rollout's advantage. Which rule
+version's rewards are shown is decided per rollout (:func:`versions_sql`): the most recent
+version that scored it, unless a version is asked for; every row says which
+(``rule_version_id``). Every builder takes a *scope*, a condition on ``rollouts ro`` that
+keeps or drops whole groups (``ro.group_id = ?``, :data:`GROUP_OF`), so opening one rollout
+reads one group and advantages are unchanged by scoping.
 
 At scale (1M rollouts, 100M tokens; ``benchmarks/bench_scale.py``) the reads lean on ids made
-in order: a scope's rewards are read in one pass (:func:`picked_sql`: total, accuracy and,
+in order: a scope's rewards are read in one pass (:func:`picked_sql`: the ``total`` rows and,
 with ``components``, every component of the picked version, grouped per rollout and version)
 through the range of the scope's rollout ids, which DuckDB applies inside the rewards scan
 (:func:`_scoped_rewards`; a scope whose rollouts span the store joins instead).
@@ -64,21 +68,19 @@ def _scoped_rewards(scope: str, narrow: bool = True) -> str:
 
 def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: list | None = None,
                components: bool = False, narrow: bool = True) -> tuple[str, list]:
-    """``(rollout_id, rule_version_id, reward, accuracy)`` of the scope's rollouts that have
-    rewards under the version :func:`versions_sql` picks, in one pass over ``rewards``.
+    """``(rollout_id, rule_version_id, reward)`` of the scope's rollouts that have rewards under the
+    version :func:`versions_sql` picks, in one pass over ``rewards``.
 
-    The same as :func:`versions_sql` joined to the ``total`` and ``accuracy`` rows, but the
-    rewards are read once instead of three times: one GROUP BY gathers each (rollout,
-    version) pair's ``total`` and ``accuracy``, then the newest version with a ``total`` wins.
-    With ``components``, also ``comps``: every component of the picked version as a list of
-    ``{'c': name, 'v': value}`` in name order (see :func:`components`). ``narrow``: see
-    :func:`_scoped_rewards`.
+    The same as :func:`versions_sql` joined to the ``total`` rows, but the rewards are read once
+    instead of twice: one GROUP BY gathers each (rollout, version) pair's ``total``, then the newest
+    version with a ``total`` wins. With ``components``, also ``comps``: every component of the
+    picked version as a list of ``{'c': name, 'v': value}`` in name order (see :func:`components`).
+    ``narrow``: see :func:`_scoped_rewards`.
     """
-    pair = """max(rw.value) FILTER (WHERE rw.component = 'total') AS reward,
-              max(rw.value) FILTER (WHERE rw.component = 'accuracy') AS accuracy"""
+    pair = "max(rw.value) FILTER (WHERE rw.component = 'total') AS reward"
     if components:
         pair += ",\n              list({'c': rw.component, 'v': rw.value} ORDER BY rw.component) AS comps"
-    which = "TRUE" if components else "rw.component IN ('total', 'accuracy')"
+    which = "TRUE" if components else "rw.component = 'total'"
     params = list(scope_params or [])
     if rule_version_id is not None:
         return (f"""SELECT rw.rollout_id, any_value(rw.rule_version_id) AS rule_version_id, {pair}
@@ -86,10 +88,9 @@ def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: l
                     WHERE {which} AND rw.rule_version_id = ?
                     GROUP BY rw.rollout_id""", params + [rule_version_id])
     k, kcol = (", 'k': pv.comps", ", _p.k AS comps") if components else ("", "")
-    return (f"""SELECT rollout_id, _p.v AS rule_version_id, _p.r AS reward, _p.a AS accuracy{kcol}
+    return (f"""SELECT rollout_id, _p.v AS rule_version_id, _p.r AS reward{kcol}
                 FROM (SELECT pv.rollout_id,
-                             arg_max({{'v': pv.rule_version_id, 'r': pv.reward, 'a': pv.accuracy{k}}},
-                                     v.created_at) AS _p
+                             arg_max({{'v': pv.rule_version_id, 'r': pv.reward{k}}}, v.created_at) AS _p
                       FROM (SELECT rw.rollout_id, rw.rule_version_id, {pair},
                                    bool_or(rw.component = 'total') AS _has_total
                             FROM {_scoped_rewards(scope, narrow)}
@@ -102,14 +103,18 @@ def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: l
 
 SCORED_COLUMNS = ("ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text, ro.n_tokens, "
                   "ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id, ro.fork_pos, "
-                  "ro.forced_token_id")
+                  "ro.forced_token_id, ro.correct, ro.answer")
+# correctness as a number (1.0 / 0.0; NULL: unchecked), for readers that take `accuracy >= 1`
+ACCURACY = "CASE WHEN ro.correct THEN 1.0 WHEN NOT ro.correct THEN 0.0 END"
 SCORED_NAMES = tuple(c.strip().split(".", 1)[1] for c in SCORED_COLUMNS.split(","))
 
 
 def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
                         scope_params: list | None = None, credit: Credit | None = None,
                         components: bool = False, narrow: bool = True) -> tuple[str, list]:
-    """Rollouts with total reward, accuracy and advantage (see :func:`versions_sql`).
+    """Rollouts with total reward (and ``rule_version_id``, the version it comes from), correctness
+    (``correct``, ``answer`` and ``accuracy``: the rollout's own, whatever version is shown) and
+    advantage (see :func:`versions_sql`).
 
     ``scope`` (a condition on ``rollouts ro`` with ``scope_params``) must keep or drop
     whole groups, like ``ro.group_id = ?`` or ``ro.run_id = ?``: advantages are computed
@@ -139,7 +144,7 @@ def scored_rollouts_sql(rule_version_id: str | None = None, scope: str = "TRUE",
         params.append(rule_version_id)
     ctes.append(f"""scored AS (
             SELECT {SCORED_COLUMNS}, {rv} AS rule_version_id,
-                   pk.reward, pk.accuracy{", pk.comps AS _components" if components else ""}{
+                   pk.reward, {ACCURACY} AS accuracy{", pk.comps AS _components" if components else ""}{
                    ", (" + scope + ") AS _in_scope" if key == "reinforce_pp" else ""}
             FROM rollouts ro
             LEFT JOIN picked pk ON pk.rollout_id = ro.rollout_id

@@ -2,17 +2,32 @@
 
 Filters that keep or drop whole groups (run, group, training step, branches; the prompt
 text, as "groups with a row whose prompt contains it") narrow the rollouts before any reward
-is read, so advantages are those of the unfiltered store. A page without a correctness or
-reward filter (or a sort on rewards) does not depend on rewards: it is ordered and cut from
-``rollouts`` first (its last row's creation time bounds the scans) and only its groups are
-scored (a 1M-rollout store scores ~5,000 rollouts, not a million). With one, the filtered
-scope is scored whole (:func:`scores_scope`), then cut. ``offset`` gives a page further down,
-cut in DuckDB; the filter's row count comes from ``rollouts`` alone, or from the page's own
-scoring pass where that scored every row (:func:`rollout_table_counted`).
+is read, so advantages are those of the unfiltered store. Correctness is a column of the
+rollout (``rollouts.correct``, set by its task or by the import's own correctness field), so
+the *correct* / *incorrect* filter is a condition on ``rollouts`` like the others: no reward
+version is read to decide it, and the shown version never changes it.
+
+A page is ordered and cut from ``rollouts`` first (its last row's creation time bounds the
+scans) and only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a
+million), unless its order depends on rewards (a sort by reward or advantage) or (nearly)
+every row is asked for: then the filtered scope is scored whole (:func:`scores_scope`), then
+cut (so is a scope narrowed by a run or a prompt text under a reward range). A reward range is a
+condition on the ``total`` rows of **one** rule version
+(:func:`reward_source`): the version asked for, or, under "latest scoring", the newest version
+that scored the scope, so rewards of rules on different scales are never filtered or sorted
+together; the table then shows that version's rewards on every row, and
+:attr:`RewardSource.note` says which versions the scope holds when there are several. The
+newest-first page finds the creation time of its last row first (:func:`_cut`; under a reward
+range, among the newest rollouts first), a constant that lets every scan skip older row groups,
+so a range is checked on a few thousand reward rows, not a million.
+``offset`` gives a page further down, cut in DuckDB; the filter's row count comes from
+``rollouts`` alone, from the version's reward rows (a reward range over the whole store), or
+from the page's own scoring pass where that scored every row (:func:`rollout_table_counted`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from datetime import datetime
 
 import pandas as pd
 
@@ -29,8 +44,8 @@ class RolloutFilter:
 
     run_id: str | None = None
     prompt_contains: str | None = None
-    correct: bool | None = None
-    reward_min: float | None = None
+    correct: bool | None = None  # rollouts.correct: True / False (unchecked rollouts, NULL, are in neither)
+    reward_min: float | None = None  # total reward under one version (see reward_source)
     reward_max: float | None = None
     group_id: str | None = None
     branches_of: str | None = None  # only branches of this rollout, at any depth
@@ -47,9 +62,12 @@ DESCENDANTS = """
     SELECT rid FROM down"""
 
 
-# a page without a reward filter or sort is cut from the rollouts first and only its groups are scored,
-# however far down it is; a limit above this asks for (nearly) every row, so the scope is scored directly
+# a page without a reward sort is cut from the rollouts first and only its groups are scored, however far
+# down it is; a limit above this asks for (nearly) every row, so the scope is scored directly
 PAGE_FIRST_MAX = 100_000
+# a newest-first page under a reward range is looked for among the newest 2 x (its rows), at least this many, then
+# 8 and 64 times more, before every rollout of the filter is checked (_cut)
+REWARD_WINDOW_MIN = 2048
 
 
 def _table_order(ro: str, p: str) -> str:
@@ -76,28 +94,72 @@ def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
     return conds, params
 
 
+def _correct_condition(f: RolloutFilter) -> list[str]:
+    """The correctness condition of ``f`` on ``rollouts ro`` (a row condition, no bound values)."""
+    return [] if f.correct is None else ["ro.correct" if f.correct else "NOT ro.correct"]
+
+
+def _has_range(f: RolloutFilter) -> bool:
+    return f.reward_min is not None or f.reward_max is not None
+
+
+def _range_sql(f: RolloutFilter, col: str) -> tuple[str, list]:
+    """``f``'s reward range on column ``col`` (``TRUE`` without one) and its values."""
+    conds, params = [], []
+    if f.reward_min is not None:
+        conds.append(f"{col} >= ?")
+        params.append(float(f.reward_min))
+    if f.reward_max is not None:
+        conds.append(f"{col} <= ?")
+        params.append(float(f.reward_max))
+    return " AND ".join(conds) or "TRUE", params
+
+
+def _in_range_ids(f: RolloutFilter, version: str, within: str | None = None) -> tuple[str, list]:
+    """``SELECT rollout_id`` of the rollouts whose ``total`` under ``version`` is in ``f``'s range; with
+    ``within`` (a relation with a ``rollout_id`` column) only theirs, read through their id range."""
+    rng, params = _range_sql(f, "rw.value")
+    sql = f"""SELECT rw.rollout_id FROM rewards rw
+              WHERE rw.rule_version_id = ? AND rw.component = 'total' AND {rng}"""
+    if within is not None:
+        sql += (f" AND rw.rollout_id BETWEEN (SELECT min(rollout_id) FROM {within}) AND (SELECT max(rollout_id) "
+                f"FROM {within}) AND rw.rollout_id IN (SELECT rollout_id FROM {within})")
+    return sql, [version] + params
+
+
 # the table's columns it can be sorted by -> their SQL over the scored rows ``s`` and prompts ``p``
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
-               "correct": "(s.accuracy >= 1)", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
+               "correct": "s.correct", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
                "created_at": "s.created_at"}
 # the sorts that do not depend on rewards, over the rollouts ``ro``: their pages are cut from the rollouts
 # alone, as the newest-first page is, and only the page's groups are scored
-ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "completion", "n_tokens", "fork_pos",
-                                                                   "created_at")}
+ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "completion", "correct", "n_tokens",
+                                                                   "fork_pos", "created_at")}
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
-                      offset: int = 0, sort: tuple[str, bool] | None = None, count: bool = False) -> tuple[str, list]:
+                      offset: int = 0, sort: tuple[str, bool] | None = None, count: bool = False,
+                      cut: datetime | None = None) -> tuple[str, list]:
     """The rollout table's rows for filter ``f``: newest first (or by ``sort``: a column of
     :data:`TABLE_SORTS` and whether descending, then newest first), at most ``f.limit`` of them
-    after skipping ``offset`` (a page further down, cut in DuckDB).
+    after skipping ``offset`` (a page further down, cut in DuckDB). Columns: ``rollout_id, prompt,
+    completion, reward, version`` (the rule version the reward comes from), ``advantage, correct,
+    answer, n_tokens, finish_reason, run, group_id, sample_idx, created_at, fork_pos, parent_rollout_id``.
 
     Filters that keep or drop whole groups (run, group, training step, branches; the prompt
     text, as "groups with a row whose prompt contains it") narrow the rollouts before any
     reward is read: advantages are computed over whole groups, so they are the same as over
-    the unfiltered store. Without a correctness or reward filter the rows shown do not
-    depend on rewards, so the page is ordered and cut in DuckDB from ``rollouts`` alone and
-    only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a million).
+    the unfiltered store. Correctness (``rollouts.correct``) and a reward range under a given
+    version are conditions on rows that do not need advantages, so unless the order depends on
+    rewards the page is ordered and cut in DuckDB from ``rollouts`` (and the version's ``total``
+    rows) and only its groups are scored (a 1M-rollout store scores ~5,000 rollouts, not a million).
+
+    A reward range with ``rule_version_id`` None (each rollout's latest scoring) is checked on
+    each rollout's latest total, the scope scored whole: :func:`rollout_table` and the other
+    runners resolve one version first (:func:`reward_source`) and pass it here, so the table never
+    filters or sorts rewards of several versions together. ``cut`` (the newest-first page under a
+    newest-first page, from :func:`_cut`): no row of the page was made before it, so the rows (and a
+    reward range) are read only from the rollouts made since.
 
     With ``count``, where the whole scope is scored (:func:`scores_scope`), each row also carries
     ``_total``: how many rows the filter keeps over all pages, counted in the same pass
@@ -105,7 +167,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     """
     ctes, cparams = [], []
     groups, sparams = _whole_group_conditions(f)
-    scope, rows = list(groups), list(groups)  # what is scored; which of those rows are shown
+    scope, rows, rparams = list(groups), list(groups), list(sparams)  # what is scored; which of those rows are shown
     if f.prompt_contains:
         # contains(), not LIKE: a typed % or _ is a character, not a wildcard; matched once for every scan
         ctes.append("matched AS MATERIALIZED (SELECT prompt_id FROM prompts WHERE contains(lower(text), lower(?)))")
@@ -115,34 +177,45 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         # disagree is still scored whole, as without the filter
         scope.append(f"ro.group_id IN (SELECT ro.group_id FROM rollouts ro WHERE {' AND '.join(groups)} "
                      "AND ro.prompt_id IN (SELECT prompt_id FROM matched))")
-    on_rewards, wparams = [], []
-    if f.correct is True:
-        on_rewards.append("s.accuracy >= 1")
-    elif f.correct is False:
-        on_rewards.append("coalesce(s.accuracy, 0) < 1")
-    if f.reward_min is not None:
-        on_rewards.append("s.reward >= ?")
-        wparams.append(float(f.reward_min))
-    if f.reward_max is not None:
-        on_rewards.append("s.reward <= ?")
-        wparams.append(float(f.reward_max))
+    rows += _correct_condition(f)
     # a prompt text alone picks rollouts from all over the store: their ids span it (see scoring._scoped_rewards)
     narrow = not (f.prompt_contains and groups == ["TRUE"])
-    shown = " AND ".join(rows)
     order = _table_order("s", "p")
     if sort is not None:
         column, descending = sort
         if column not in TABLE_SORTS:
             raise ValueError(f"cannot sort the rollout table by {column!r}; by one of {', '.join(TABLE_SORTS)}")
         order = f"{TABLE_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {order}"
-    # a page cut from the rollouts first (only its groups are scored) unless the rows shown or their
-    # order depend on rewards, or every row is asked for
-    paged = not scores_scope(f, sort)
+    # a page cut from the rollouts first (only its groups are scored) unless its order depends on rewards,
+    # every row is asked for, or a reward range is asked under each rollout's latest scoring
+    paged = not scores_scope(f, sort) and not (_has_range(f) and rule_version_id is None)
+    on_scored, wparams = [], []
+    if _has_range(f) and not paged:
+        rng, wparams = _range_sql(f, "s.reward")
+        on_scored.append(rng)
+    elif _has_range(f):  # one version's total rows in range: a condition on the rows, like correctness
+        if cut is not None:
+            # the rows made since the cut, and the reward rows of just those, read through their id range
+            ctes.append(f"""recent AS MATERIALIZED (SELECT ro.rollout_id FROM rollouts ro
+                                                  WHERE {' AND '.join(rows)} AND ro.created_at >= ?)""")
+            cparams += rparams + [cut]
+            ids, iparams = _in_range_ids(f, rule_version_id, "recent")
+            ctes.append(f"in_range AS MATERIALIZED ({ids})")
+            cparams += iparams
+            rows.append("ro.rollout_id IN (SELECT rollout_id FROM in_range)")
+        else:
+            ids, iparams = _in_range_ids(f, rule_version_id)
+            rows.append(f"ro.rollout_id IN ({ids})")
+            rparams += iparams
+    if cut is not None and sort is None:  # no row of the page was made before it: a constant the scans skip on
+        rows.append("ro.created_at >= ?")
+        rparams.append(cut)
+    shown = " AND ".join(rows)
     if not paged:
         cond, skip = " AND ".join(scope), int(offset)
         sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
         where = ["s.prompt_id IN (SELECT prompt_id FROM matched)"] if f.prompt_contains else []
-        where += on_rewards
+        where += [c.replace("ro.", "s.") for c in _correct_condition(f)] + on_scored
     elif sort is not None:  # by a column of the rollouts: the page is cut from them alone
         column, descending = sort
         ctes.append(f"""page AS MATERIALIZED (
@@ -151,7 +224,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
             WHERE {shown}
             ORDER BY {ROLLOUT_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {_table_order("ro", "p")}
             LIMIT ? OFFSET ?)""")
-        cparams += sparams + [int(f.limit), int(offset)]
+        cparams += rparams + [int(f.limit), int(offset)]
         narrow = False  # the page's rows come from all over the filter: their ids span it
     else:  # newest first
         # `cut`: the creation time of the page's last row. Rows made before it cannot be on the page, so
@@ -174,7 +247,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
                 SELECT * FROM rollouts ro WHERE {shown} AND ro.created_at IS NULL) ro
             JOIN prompts p USING (prompt_id) JOIN runs r USING (run_id)
             ORDER BY {_table_order("ro", "p")} LIMIT ? OFFSET ?)"""]
-        cparams += sparams + [max(n - 1, 0)] + sparams + [n] + sparams + sparams + [int(f.limit), int(offset)]
+        cparams += rparams + [max(n - 1, 0)] + rparams + [n] + rparams + rparams + [int(f.limit), int(offset)]
     if paged:
         # the page's groups, whole: group ids sort in the order they were made, so (when the page's rows were
         # made close together) their range is a filter DuckDB applies inside the scan; the IN keeps exactly them
@@ -186,8 +259,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     base, params = scored_rollouts_sql(rule_version_id, cond, sparams, credit, narrow=narrow)
     total = ", count(*) OVER () AS _total" if count and not paged else ""
     sql = f"""{"WITH " + ", ".join(ctes) if ctes else ""}
-        SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.advantage,
-               s.accuracy >= 1 AS correct, s.n_tokens, s.finish_reason, r.name AS run,
+        SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.rule_version_id AS version,
+               s.advantage, s.correct, s.answer, s.n_tokens, s.finish_reason, r.name AS run,
                s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id{total}
         FROM ({base}) s
         JOIN prompts p USING (prompt_id)
@@ -199,54 +272,192 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     return sql, cparams + params + wparams + [int(f.limit), skip]
 
 
+@dataclass(frozen=True)
+class RewardSource:
+    """Which rule version's rewards a reward filter or sort of the table reads (:func:`reward_source`).
+
+    ``version``: the one read (None: nothing in the scope has a reward); ``asked``: it was
+    picked by the user, else it is the newest version that scored the scope's rollouts (each
+    rollout's "latest scoring" would mix rules on different scales); ``versions``: every version
+    with a total among the scope's rollouts, newest first (just ``version`` when asked);
+    ``n_in_range``: over the whole store, the rollouts whose total under ``version`` is in the
+    filter's range (None where the filter narrows the rollouts: they are counted from them).
+    """
+
+    version: str | None
+    asked: bool
+    versions: tuple[str, ...] = ()
+    n_in_range: int | None = None
+
+    @property
+    def note(self) -> str | None:
+        """What the table says above its rows when the scope holds rewards of several versions and the
+        rows are filtered or sorted by one of them (None otherwise)."""
+        if self.asked or len(self.versions) < 2:
+            return None
+        others = ", ".join(self.versions[1:4]) + (f" and {len(self.versions) - 4} more" if len(self.versions) > 4 else "")
+        return (f"Rewards of {len(self.versions)} rule versions score these rollouts. Filtering and sorting by "
+                f"reward read one, the newest: {self.version} (also here: {others}); a rollout it did not score "
+                "has no reward here. Pick a version under “Rewards shown from” to use another; their scales differ.")
+
+
+def reward_source(store: Store, f: RolloutFilter, rule_version_id: str | None = None,
+                  count: bool = True) -> RewardSource:
+    """The rule version whose ``total`` rows a reward range or a reward sort of the table under ``f``
+    reads: ``rule_version_id`` when one is asked for, else the newest version (by ``created_at``) with
+    a total among the rollouts of ``f``'s whole-group conditions. One read of the ``total`` rows (over
+    the whole store, that read also counts the rollouts in ``f``'s range: :attr:`RewardSource.n_in_range`;
+    for a version asked for, only with ``count``)."""
+    groups, sparams = _whole_group_conditions(f)
+    whole = groups == ["TRUE"] and not f.prompt_contains and f.correct is None
+    rng, rparams = _range_sql(f, "rw.value")
+    if rule_version_id is not None:
+        n = None
+        if whole and count:  # a version's total rows are its rollouts (one each: a version scores a rollout once)
+            n = int(store.scalar(f"""SELECT count(*) FROM rewards rw WHERE rw.rule_version_id = ?
+                                     AND rw.component = 'total' AND {rng}""", [rule_version_id] + rparams))
+        return RewardSource(rule_version_id, True, (rule_version_id,), n)
+    from studio.queries.scoring import _scoped_rewards
+
+    rows = store._read(f"""
+        SELECT per.rule_version_id, per.n FROM (
+            SELECT rw.rule_version_id, count(*) FILTER (WHERE {rng}) AS n
+            FROM {_scoped_rewards(" AND ".join(groups))} WHERE rw.component = 'total'
+            GROUP BY rw.rule_version_id) per
+        JOIN rule_versions v USING (rule_version_id)
+        ORDER BY v.created_at DESC NULLS LAST, per.rule_version_id DESC""", rparams + sparams, None,
+                       lambda cur: cur.fetchall())
+    if not rows:
+        return RewardSource(None, False)
+    return RewardSource(rows[0][0], False, tuple(r[0] for r in rows), int(rows[0][1]) if whole else None)
+
+
+def _depends_on_rewards(f: RolloutFilter, sort: tuple[str, bool] | None) -> bool:
+    """Whether the rows ``f`` keeps or their order ``sort`` depend on rewards (one version is then read)."""
+    return _has_range(f) or (sort is not None and sort[0] not in ROLLOUT_SORTS)
+
+
+def _cut(store: Store, f: RolloutFilter, version: str | None, n: int) -> datetime | None:
+    """The creation time from which the newest ``n`` rows of ``f`` are all made (with a reward range,
+    under ``version``), as a constant the page's scans then skip older row groups on: the time of the
+    ``n``-th newest rollout of the filter's other conditions, or, with a reward range, of the newest
+    ``window`` of them (``2·n``, then 8 and 64 times more) once at least ``n`` rollouts made since then
+    are in range. None: no such time (fewer rows, or too few in range: every row is then checked)."""
+    groups, sparams = _whole_group_conditions(f)
+    conds, ctes, head = groups + _correct_condition(f), "", []
+    if f.prompt_contains:
+        ctes = "matched AS MATERIALIZED (SELECT prompt_id FROM prompts WHERE contains(lower(text), lower(?))),"
+        head = [f.prompt_contains.strip()]
+        conds.append("ro.prompt_id IN (SELECT prompt_id FROM matched)")
+    cond = " AND ".join(conds)
+    keep = f"{cond} AND ro.prompt_id IN (SELECT prompt_id FROM prompts) AND ro.run_id IN (SELECT run_id FROM runs)"
+    ranged = _has_range(f) and version is not None
+    windows = [max(2 * int(n), REWARD_WINDOW_MIN) * k for k in (1, 8, 64)] if ranged else [int(n)]
+    for window in windows:
+        rows = store._read(f"""WITH {ctes} _c AS (SELECT 1) SELECT ro.created_at FROM rollouts ro WHERE {cond}
+                               ORDER BY ro.created_at DESC LIMIT 1 OFFSET ?""", head + sparams + [max(window - 1, 0)],
+                           None, lambda cur: cur.fetchall())
+        if not rows or rows[0][0] is None:
+            return None  # fewer rollouts than the window (or rows without a time): no cut
+        at = rows[0][0]
+        if ranged:
+            ids, iparams = _in_range_ids(f, version, "recent")
+            sql = f"""WITH {ctes} recent AS MATERIALIZED (SELECT ro.rollout_id FROM rollouts ro
+                                                          WHERE {keep} AND ro.created_at >= ?)
+                      SELECT count(*) FROM ({ids})"""
+            params = head + sparams + [at] + iparams
+        else:
+            sql = f"WITH {ctes} _c AS (SELECT 1) SELECT count(*) FROM rollouts ro WHERE {keep} AND ro.created_at >= ?"
+            params = head + sparams + [at]
+        if store._read(sql, params, None, lambda cur: cur.fetchall())[0][0] >= n:
+            return at
+    return None
+
+
+def _resolved(store: Store, f: RolloutFilter, rule_version_id: str | None, sort: tuple[str, bool] | None,
+              source: RewardSource | None = None) -> tuple[str | None, RewardSource | None]:
+    """The version the table reads for ``f`` and ``sort``: under "latest scoring" with a reward range or
+    sort, the one :func:`reward_source` picks (and it); otherwise ``rule_version_id`` as given."""
+    if not _depends_on_rewards(f, sort):
+        return rule_version_id, None
+    source = source or reward_source(store, f, rule_version_id, count=False)
+    return (source.version if source.version is not None else rule_version_id), source
+
+
+def _page(store: Store, f: RolloutFilter, rule_version_id: str | None, credit: Credit | None, offset: int,
+          sort: tuple[str, bool] | None, count: bool, source: RewardSource | None = None) -> pd.DataFrame:
+    version, source = _resolved(store, f, rule_version_id, sort, source)
+    cut = None
+    if sort is None and not scores_scope(f, sort) and not (_has_range(f) and version is None):
+        cut = _cut(store, f, version, int(f.limit) + int(offset))
+    df = store.df(*rollout_table_sql(version, f, credit, offset, sort, count, cut))
+    df.attrs["reward_source"] = source
+    return df
+
+
 def rollout_table(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                   credit: Credit | None = None, offset: int = 0, sort: tuple[str, bool] | None = None) -> pd.DataFrame:
-    return store.df(*rollout_table_sql(rule_version_id, f, credit, offset, sort))
+    """The page of :func:`rollout_table_sql` for ``f``, a reward range or a sort by reward or advantage
+    read under one version (:func:`reward_source`; it is in ``df.attrs["reward_source"]``, None when
+    nothing depends on rewards)."""
+    return _page(store, f, rule_version_id, credit, offset, sort, False)
 
 
 def scores_scope(f: RolloutFilter, sort: tuple[str, bool] | None = None) -> bool:
-    """Whether :func:`rollout_table` scores every row under ``f`` before it cuts the page: the rows
-    shown or their order depend on rewards, or (nearly) every row is asked for. Otherwise the page
-    is cut from the rollouts first and only its groups are scored."""
-    return _keeps_by_reward(f) or (sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX
-
-
-def _keeps_by_reward(f: RolloutFilter) -> bool:
-    """Whether which rows ``f`` keeps depends on rewards (a correctness or reward condition)."""
-    return f.correct is not None or f.reward_min is not None or f.reward_max is not None
+    """Whether :func:`rollout_table` scores every row under ``f`` before it cuts the page: the order
+    depends on rewards (a sort by reward or advantage), (nearly) every row is asked for, or a reward
+    range narrowed by whole-group conditions or a prompt text (a run's rows: scoring them whole, under
+    one version, costs less than checking the range row by row). Otherwise the page is cut from the
+    rollouts first (correctness, and a reward range over the whole store, are conditions on rows) and
+    only its groups are scored."""
+    narrowed = _whole_group_conditions(f)[0] != ["TRUE"] or bool(f.prompt_contains)
+    return ((sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX
+            or (_has_range(f) and narrowed))
 
 
 def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                           credit: Credit | None = None, offset: int = 0,
                           sort: tuple[str, bool] | None = None) -> tuple[pd.DataFrame, int | None]:
-    """:func:`rollout_table`'s page, and how many rows ``f`` keeps over all its pages where the page
-    came from scoring the whole scope (:func:`scores_scope`) and is not empty: counted in the same
-    pass, where :func:`rollout_table_count` would score the scope again (a 1M-rollout store: the
-    count cost as much as the page). None: ask :func:`rollout_table_count` (from ``rollouts`` alone
-    when nothing depends on rewards)."""
-    df = store.df(*rollout_table_sql(rule_version_id, f, credit, offset, sort, count=True))
-    if "_total" not in df.columns:
-        return df, None
-    total = df.pop("_total")
-    return df, (int(total.iloc[0]) if len(df) else None)
+    """:func:`rollout_table`'s page, and how many rows ``f`` keeps over all its pages where that came
+    with the page: counted in the same pass where the page came from scoring the whole scope
+    (:func:`scores_scope`) and is not empty, or by :func:`reward_source`'s read (a reward range over
+    the whole store). None: ask :func:`rollout_table_count` (from ``rollouts`` alone)."""
+    source = reward_source(store, f, rule_version_id) if _depends_on_rewards(f, sort) else None
+    version, source = _resolved(store, f, rule_version_id, sort, source)
+    df = _page(store, f, rule_version_id, credit, offset, sort, True, source)
+    if "_total" in df.columns:
+        total = df.pop("_total")
+        return df, (int(total.iloc[0]) if len(df) else None)
+    if source is not None and source.n_in_range is not None and _has_range(f) and version == source.version:
+        return df, source.n_in_range
+    return df, None
 
 
 def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                         credit: Credit | None = None) -> int:
     """How many rows :func:`rollout_table` has under ``f`` over all its pages (``f.limit`` aside).
 
-    Without a correctness or reward condition the rows do not depend on rewards, so they are
-    counted from ``rollouts`` alone (a 1M-rollout store counts in milliseconds); with one, the
-    filter's scope is scored, as a page under that filter is.
+    Counted from ``rollouts`` alone (a 1M-rollout store counts in milliseconds); with a reward range,
+    the ``total`` rows in range of the version :func:`reward_source` picks, of the filter's rollouts
+    (over the whole store, that read counted them; a version scores a rollout once).
     """
-    if not _keeps_by_reward(f):
-        conds, params = _whole_group_conditions(f)
-        if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
-            conds.append("contains(lower(p.text), lower(?))")
-            params.append(f.prompt_contains.strip())
-        return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
-                                    JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))
-    sql, params = rollout_table_sql(rule_version_id, replace(f, limit=1 << 62), credit)
-    return int(store.scalar(f"SELECT count(*) FROM ({sql})", params))
-
-
+    conds, params = _whole_group_conditions(f)
+    conds += _correct_condition(f)
+    if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
+        conds.append("contains(lower(p.text), lower(?))")
+        params.append(f.prompt_contains.strip())
+    if _has_range(f):
+        source = reward_source(store, f, rule_version_id)
+        version = source.version
+        if version is None:  # each rollout's latest scoring, and none has a reward: nothing is in range
+            return 0
+        if source.n_in_range is not None:
+            return source.n_in_range
+        # the filter's rollouts, then the reward rows of just those, read through their id range
+        ids, iparams = _in_range_ids(f, version, "scoped")
+        return int(store.scalar(f"""WITH scoped AS MATERIALIZED (
+                                        SELECT ro.rollout_id FROM rollouts ro JOIN prompts p USING (prompt_id)
+                                        JOIN runs r USING (run_id) WHERE {' AND '.join(conds)})
+                                    SELECT count(*) FROM ({ids})""", params + iparams))
+    return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
+                                JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))

@@ -242,6 +242,24 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS prompt_text VARCHAR",
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS answer VARCHAR",
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS correct BOOLEAN",
+        # correctness of the rollouts made before it was stored, from what they were scored with: an import's own
+        # correctness field (which the import stored as its version's `accuracy` component, value >= 1), ...
+        """UPDATE rollouts SET correct = c.ok
+           FROM (SELECT rw.rollout_id, bool_or(rw.value >= 1) AS ok FROM rewards rw
+                 WHERE rw.rule_version_id LIKE 'import-%' AND rw.component = 'accuracy' GROUP BY rw.rollout_id) c
+           WHERE rollouts.rollout_id = c.rollout_id AND rollouts.correct IS NULL""",
+        # ... or the built-in rule of the rollout's task (its `accuracy` is the task's own check of the final
+        # answer; the first such version), where the prompt has a gold answer. Store.open then runs the task's
+        # verdict on the rollouts of built-in tasks still unchecked (store.fill_verdicts), which fills `answer`
+        """UPDATE rollouts SET correct = b.ok
+           FROM (SELECT ro.rollout_id, arg_min(rw.value >= 1, v.created_at) AS ok
+                 FROM rollouts ro JOIN runs r ON r.run_id = ro.run_id JOIN prompts p ON p.prompt_id = ro.prompt_id
+                 JOIN rewards rw ON rw.rollout_id = ro.rollout_id AND rw.component = 'accuracy'
+                 JOIN rule_versions v ON v.rule_version_id = rw.rule_version_id
+                      AND v.note = 'built-in rule' AND v.name = r.task
+                 WHERE ro.correct IS NULL AND coalesce(p.gold->>'answer', '') <> ''
+                 GROUP BY ro.rollout_id) b
+           WHERE rollouts.rollout_id = b.rollout_id""",
     ],
 }
 
