@@ -218,7 +218,15 @@ class Studio(StudioViews):
         from studio.queries.prompts import draw_prompts
         from studio.runs.generation import GenerateConfig, generate
 
-        items = list(prompts) if not isinstance(prompts, str) else [prompts]
+        if isinstance(prompts, (str, Prompt)):
+            items = [prompts]
+        else:
+            try:
+                items = list(prompts) if not isinstance(prompts, (bytes, bytearray)) else None
+            except TypeError:
+                items = None
+            if items is None:
+                arg_texts("prompts", prompts)  # raises the API's error for a value that is not prompts
         texts: list = [p if isinstance(p, Prompt) else arg_texts("prompts", p)[0] for p in items]
         if draw:
             texts += draw_prompts(self.store, task, int(draw), seed=seed, split=split)
