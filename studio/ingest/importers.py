@@ -27,7 +27,7 @@ from studio.ingest.errors import ImportFormatError, MalformedInput, Problem
 from studio.ingest.formats import FORMATS, ColumnMapping, detect_format, files_of
 from studio.ingest.read import ReadAhead, read_files
 from studio.ingest.write import Cancelled, Ctx, FileWriter, write_file, write_run
-from studio.store import Store, records
+from studio.store import Store, fill_verdicts, records
 from studio.store.shards import TokenSink
 from studio.tasks import UnknownTaskError, task_names
 
@@ -175,6 +175,8 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
                 write_run(ctx, name or _default_name(roots[0]), config)
             elif new_run:
                 report.run_id = None
+            if report.run_id is not None and ctx.n_rollouts:
+                fill_verdicts(cur, report.run_id)  # gold answers without a correctness field: the task verifies
             report.n_rollouts, report.n_tokens = ctx.n_rollouts, ctx.n_tokens
             report.rule_versions = list(ctx.versions)
     except BaseException as exc:

@@ -442,10 +442,11 @@ def _folders(seed_dir: str | Path | Sequence[str | Path] | None) -> list[Path]:
     return [Path(f) for f in many if Path(f).is_dir()]
 
 
-def fill_verdicts(cur: duckdb.DuckDBPyConnection) -> int:
+def fill_verdicts(cur: duckdb.DuckDBPyConnection, run_id: str | None = None) -> int:
     """Set ``answer`` and ``correct`` of the rollouts not yet checked (``correct`` NULL) that their
     task can check: a prompt with a gold answer, a task this process knows or the store defines, a run that is not an
-    import (an import's correctness is its own field's). The task's :meth:`~studio.tasks.Task.verdict`
+    import (an import's correctness is its own field's) unless ``run_id`` names it (an import that brought gold
+    answers and no correctness field: its task verifies them). The task's :meth:`~studio.tasks.Task.verdict`
     in Python, the results joined back in one ``UPDATE … FROM`` a registered DataFrame (inside the
     caller's transaction). Returns how many rollouts were checked."""
     from studio.tasks import Prompt, get_task
@@ -454,7 +455,8 @@ def fill_verdicts(cur: duckdb.DuckDBPyConnection) -> int:
     rows = cur.execute("""
         SELECT ro.rollout_id, coalesce(p.task, r.task), p.text, p.gold::VARCHAR, ro.text
         FROM rollouts ro JOIN prompts p ON p.prompt_id = ro.prompt_id JOIN runs r ON r.run_id = ro.run_id
-        WHERE ro.correct IS NULL AND r.kind <> 'import' AND coalesce(p.gold->>'answer', '') <> ''""").fetchall()
+        WHERE ro.correct IS NULL AND coalesce(p.gold->>'answer', '') <> ''
+          AND (r.run_id = ? OR (? IS NULL AND r.kind <> 'import'))""", [run_id, run_id]).fetchall()
     tasks: dict = {}
     ids, answers, verdicts = [], [], []
     for rid, task_name, prompt, gold, text in rows:
