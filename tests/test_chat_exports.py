@@ -45,7 +45,7 @@ PLAIN = {"p-chat": "2+2?", "p-old": "1+2?", "p-plain": "3+3?"}
 
 
 def chat_store(path: Path) -> Store:
-    """Hand-made rollouts of :data:`PROMPTS`, every one scored by ``V`` (total = accuracy)."""
+    """Hand-made rollouts of :data:`PROMPTS`, every one scored by ``V`` (total = accuracy), correct where it is 1."""
     store = Store.open(path)
     t = now()
     rollouts = [(f"r-{pid}-{i}", pid, f"g-{pid}", seen, text, acc)
@@ -60,8 +60,8 @@ def chat_store(path: Path) -> Store:
                                         "created_at": t, "note": ""}]),
         "rollouts": pd.DataFrame([{"rollout_id": rid, "run_id": "run1", "prompt_id": pid, "group_id": gid,
                                    "sample_idx": i, "text": text, "n_tokens": len(text), "created_at": t,
-                                   "prompt_text": seen}
-                                  for i, (rid, pid, gid, seen, text, _) in enumerate(rollouts)]),
+                                   "prompt_text": seen, "correct": acc >= 1.0}
+                                  for i, (rid, pid, gid, seen, text, acc) in enumerate(rollouts)]),
         "rewards": pd.DataFrame([(r[0], V, c, r[5]) for r in rollouts for c in ("total", "accuracy")],
                                 columns=["rollout_id", "rule_version_id", "component", "value"]),
     })

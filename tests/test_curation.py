@@ -35,7 +35,8 @@ V = "lit@1"  # the literal stores' reward version
 
 def literal_store(path, rollouts: list[tuple]) -> Store:
     """A store of hand-made rollouts: ``(rollout_id, group_id, prompt, text, n_tokens, total,
-    accuracy)``; every rollout scored by version ``V`` with ``total`` and ``accuracy``."""
+    accuracy)``; every rollout scored by version ``V`` with ``total`` and ``accuracy``, and correct (the
+    rollout's own fact) where its accuracy is 1."""
     store = Store.open(path)
     t = now()
     prompts = sorted({r[2] for r in rollouts})
@@ -48,8 +49,8 @@ def literal_store(path, rollouts: list[tuple]) -> Store:
         "rule_versions": pd.DataFrame([{"rule_version_id": V, "name": "lit", "source": "# literal", "sha256": "0",
                                         "created_at": t, "note": ""}]),
         "rollouts": pd.DataFrame([{"rollout_id": r[0], "run_id": "run1", "prompt_id": pid[r[2]], "group_id": r[1],
-                                   "sample_idx": i, "text": r[3], "n_tokens": r[4], "created_at": t}
-                                  for i, r in enumerate(rollouts)]),
+                                   "sample_idx": i, "text": r[3], "n_tokens": r[4], "created_at": t,
+                                   "correct": r[6] >= 1.0} for i, r in enumerate(rollouts)]),
         "rewards": pd.DataFrame([(r[0], V, c, v) for r in rollouts for c, v in (("total", r[5]), ("accuracy", r[6]))],
                                 columns=["rollout_id", "rule_version_id", "component", "value"]),
     })

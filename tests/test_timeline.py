@@ -17,7 +17,7 @@ from studio.store import Store
 VERSION = "imported@test"
 T0 = datetime(2026, 1, 1)
 
-# (run, step, prompt) -> rewards of the group's completions; accuracy = 1 where the reward is 1.
+# (run, step, prompt) -> rewards of the group's completions; correct (and accuracy 1) where the reward is 1.
 #   run "ra": P1 at steps 1, 2, 3; P2 at 1 and 3; P3 only at 2; P4 only at 1; P5 only at 3.
 #   run "rb": P1 at 1, P2 at 2 (both at a single step each), P6 at 2.
 GROUPS = {
@@ -57,7 +57,7 @@ def write_run(store: Store) -> None:
             ents = toks[i] if toks else None
             ro.append({"rollout_id": rid, "run_id": run, "train_step": step, "prompt_id": prompt, "group_id": gid,
                        "sample_idx": i, "text": f"answer {r}", "n_tokens": len(ents) if ents else LENGTH_NO_TOKENS,
-                       "finish_reason": "stop", "created_at": T0})
+                       "finish_reason": "stop", "created_at": T0, "correct": r == 1.0})
             rw += [{"rollout_id": rid, "rule_version_id": VERSION, "component": "total", "value": r},
                    {"rollout_id": rid, "rule_version_id": VERSION, "component": "accuracy", "value": float(r == 1.0)}]
             for pos, e in enumerate(ents or []):
@@ -113,7 +113,8 @@ def test_prompt_timeline_per_step_with_null_entropy_without_tokens(store):
     assert both["run"].iloc[-1] == "run rb"
     assert tl.prompt_timeline(store, "P1", "ra", rule_version_id=VERSION).equals(df)
     unscored = tl.prompt_timeline(store, "P1", "ra", rule_version_id="other@1")
-    assert unscored["reward_mean"].isna().all() and unscored["accuracy"].isna().all()
+    assert unscored["reward_mean"].isna().all()  # no reward under a version that never scored them ...
+    assert unscored["accuracy"].tolist() == df["accuracy"].tolist()  # ... but correctness is the rollouts' own
     assert unscored["all_equal"].isna().all() and unscored["n"].tolist() == [2, 2, 2]
     assert tl.prompt_timeline(store, "nope").empty
 

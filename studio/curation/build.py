@@ -11,8 +11,8 @@ one reward version, and stores the new pairs with one ``pair_builds`` row.
 
 Within a set the rule (:class:`~studio.curation.rules.PairRule`) picks pairs:
 ``best_vs_worst`` (the pair with the largest reward margin), ``correct_vs_incorrect`` (every
-correct × incorrect pair; correct: the ``accuracy`` component, or another, at or above a
-threshold) or ``all_pairs`` (every pair whose rewards differ). Options: a minimum margin,
+correct × incorrect pair; correct: the rollout's verified answer (``rollouts.correct``), or a
+reward component at or above a threshold) or ``all_pairs`` (every pair whose rewards differ). Options: a minimum margin,
 length matching (relative token difference), identical completions once and identical pairs
 once per prompt (``dedupe``), and a per-prompt cap (largest margins first). A pair's id is a
 hash of its kind and its two rollouts, so building a rule twice adds nothing; a stored pair
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 
 from studio import queries
 from studio.curation.errors import CurationError
-from studio.curation.rules import PairRule
+from studio.curation.rules import ROLLOUT_CORRECT, PairRule
 from studio.rewards import DEFAULT_RULES
 from studio.signals.advantages import EQUAL_TOL
 from studio.store import Store
@@ -102,8 +102,10 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
     """The query that makes ``rule``'s pairs over the rollouts ``cond`` selects (bound values:
     :func:`_pair_params`)."""
     correct = rule.name == "correct_vs_incorrect"
+    by_component = correct and rule.correct_component != ROLLOUT_CORRECT
     cc = ("LEFT JOIN rewards cc ON cc.rollout_id = ro.rollout_id AND cc.rule_version_id = ? "
-          "AND cc.component = ?") if correct else ""
+          "AND cc.component = ?") if by_component else ""
+    cval = ", cc.value AS cval" if by_component else ", ro.correct::DOUBLE AS cval" if correct else ""
     step = rule.level == "step"
     if not step:  # sets are groups (or prompts); branches start with a forced prefix and are left out
         ctes = []
@@ -134,7 +136,7 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
     ctes.append(f"""sc AS (
             SELECT {set_key} AS set_key, ro.rollout_id, ro.prompt_id, ro.n_tokens, hash(ro.text) AS th,
                    ro.created_at AS made,
-                   tot.value AS reward{', cc.value AS cval' if correct else ''}{', ro.text' if step else ''}
+                   tot.value AS reward{cval}{', ro.text' if step else ''}
             {source})""")
     if rule.dedupe:  # identical completions of one set count once: the first made stands for them (at a fork:
         # the rollout the branches continue, before a branch that repeats it), then the smallest id
@@ -211,7 +213,8 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
 def _pair_params(rule: PairRule, vid: str, scope_params: list) -> list:
     """The bound values of :func:`_pairs_sql`, in the order they appear in its text."""
     correct = rule.name == "correct_vs_incorrect"
-    rewards = [vid] + ([vid, rule.correct_component] if correct else [])  # the total, and the correct component
+    by_component = correct and rule.correct_component != ROLLOUT_CORRECT
+    rewards = [vid] + ([vid, rule.correct_component] if by_component else [])  # the total, and the correct component
     if rule.level == "step":  # forks (the scope twice), then the rewards of their members
         params = list(scope_params) * 2 + rewards
     else:  # the rewards joined, then the scope in the WHERE clause
@@ -244,7 +247,7 @@ def build_pairs(store: Store, rule: PairRule = DEFAULT_RULE, scope: queries.Roll
     vid = rule_version_id or default_version(store, scope, run_ids)
     if not store.scalar("SELECT count(*) FROM rule_versions WHERE rule_version_id = ?", [vid]):
         raise CurationError(f"no reward version {vid!r} in this store (see the rule panel's versions)")
-    if rule.name == "correct_vs_incorrect":
+    if rule.name == "correct_vs_incorrect" and rule.correct_component != ROLLOUT_CORRECT:
         comps = store.df("SELECT DISTINCT component FROM rewards WHERE rule_version_id = ? ORDER BY 1", [vid],
                          timeout_s=0)["component"].tolist()
         if rule.correct_component not in comps:

@@ -19,6 +19,10 @@ LEVELS = ("completion", "step")
 STATUSES = ("pending", "accepted", "rejected")
 
 
+ROLLOUT_CORRECT = "correct"
+"""``PairRule.correct_component`` naming the rollout's own correctness (``rollouts.correct``)."""
+
+
 @dataclass(frozen=True)
 class PairRule:
     """How pairs are made from a set of scored completions (a group, or a fork's siblings); the
@@ -43,8 +47,9 @@ class PairRule:
                            "stored pairs included (no A > B beside B > A)")
     within: str = setting("group", "completion level: pair within each sampled group, or across every completion "
                           "of a prompt", choices=("group", "prompt"))
-    correct_component: str = setting("accuracy", "correct_vs_incorrect: the reward component that says a "
-                                     "completion is correct")
+    correct_component: str = setting("correct", "correct_vs_incorrect: what says a completion is correct: 'correct' "
+                                     "(the rollout's verified answer, whatever version is shown) or a reward "
+                                     "component of the version (e.g. accuracy)")
     correct_threshold: float = setting(1.0, "correct_vs_incorrect: correct when that component is at or above this")
 
     def validate(self) -> None:

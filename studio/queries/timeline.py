@@ -42,7 +42,7 @@ class Side:
 
 
 def rewarded_sql(rule_version_id: str | None, scope: str, scope_params: list) -> tuple[str, list]:
-    """Rollouts in ``scope`` with their total reward and accuracy under the version
+    """Rollouts in ``scope`` with their correctness (``accuracy``: the rollout's fact) and their total reward under the version
     :func:`~studio.queries.scoring.versions_sql` picks (each rollout's newest scoring, or the one
     given), as ``scored_rollouts_sql`` reads them but without the advantage: a diff or a timeline
     averages rewards, and the advantage's pass over the groups would be wasted."""
@@ -52,15 +52,13 @@ def rewarded_sql(rule_version_id: str | None, scope: str, scope_params: list) ->
         params = [*vparams, *scope_params]  # the versions' scope, before the joins below
     else:
         join, on = "", "?::VARCHAR"
-        params = [rule_version_id, rule_version_id]  # one per reward join
+        params = [rule_version_id]  # the reward join's version
     sql = f"""
         SELECT ro.rollout_id, ro.run_id, ro.train_step, ro.prompt_id, ro.group_id, ro.n_tokens,
-               tot.value AS reward, acc.value AS accuracy
+               tot.value AS reward, ro.correct::DOUBLE AS accuracy  -- correctness: the rollout's, not a version's
         FROM rollouts ro {join}
         LEFT JOIN rewards tot ON tot.rollout_id = ro.rollout_id AND tot.rule_version_id = {on}
              AND tot.component = 'total'
-        LEFT JOIN rewards acc ON acc.rollout_id = ro.rollout_id AND acc.rule_version_id = {on}
-             AND acc.component = 'accuracy'
         WHERE {scope}"""
     return sql, [*params, *scope_params]
 
