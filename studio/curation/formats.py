@@ -171,8 +171,10 @@ def _rows_sql(fmt: str, style: str, opts: dict) -> tuple[str, list]:
                         ELSE coalesce(st.k, 0) END AS k
             FROM tk ASOF LEFT JOIN st ON tk.rid = st.rid AND tk.pos >= st.start_pos),
         texts AS (SELECT rid, k, string_agg(token_text, '' ORDER BY pos) AS text FROM piece GROUP BY rid, k),
-        ans AS (
-            SELECT DISTINCT st.rid, st.n_steps, acc.value AS accuracy FROM st JOIN ids USING (rid)
+        ans AS (  -- the answer's label: the rollout's own correctness ('correct'), or a component of the version
+            SELECT DISTINCT st.rid, st.n_steps,
+                   CASE WHEN ? = 'correct' THEN ro.correct::DOUBLE ELSE acc.value END AS accuracy
+            FROM st JOIN ids USING (rid) JOIN rollouts ro ON ro.rollout_id = st.rid
             LEFT JOIN rewards acc ON acc.rollout_id = st.rid AND acc.rule_version_id = ids.vid
                  AND acc.component = ?),
         labels AS (SELECT rid, k, value > ? AS label FROM st {answer})
@@ -180,7 +182,7 @@ def _rows_sql(fmt: str, style: str, opts: dict) -> tuple[str, list]:
         FROM texts x JOIN labels l USING (rid, k) JOIN ids USING (rid)
         JOIN rollouts ro ON ro.rollout_id = x.rid JOIN _prompts pr ON pr.prompt_id = ro.prompt_id
         GROUP BY x.rid, pr.text, ids.first ORDER BY ids.first, x.rid""", (
-        [opts["step_source"], opts["correct_component"], float(opts["step_threshold"])]
+        [opts["step_source"], opts["correct_component"], opts["correct_component"], float(opts["step_threshold"])]
         + ([float(opts["correct_threshold"])] if opts["answer_step"] else []))
 
 

@@ -91,7 +91,7 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
            filetype: str | None = None, *, overwrite: bool = False, skip_stale: bool = False,
            build_id: str | None = None, kinds: Iterable[str] | None = None, pair_ids: Iterable[str] | None = None,
            step_source: str | None = None, step_threshold: float = 0.5, answer_step: bool = True,
-           correct_component: str = "accuracy", correct_threshold: float = 1.0,
+           correct_component: str = "correct", correct_threshold: float = 1.0,
            conflicts: str = "drop", _download: str | None = None) -> ExportResult:
     """Write the accepted pairs in one of TRL's dataset formats, with provenance.
 
