@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
     _db_argument(ap)
     ap.add_argument("--name", default=None, help="run name")
     ap.add_argument("--resume", default=None, help="resume this run id from its last checkpoint")
+    ap.add_argument("--task", default="arithmetic", help="the task to train on: arithmetic, or a prompt set the store "
+                    "holds (rollout-studio task list; its --prompt-set is a split, by default its train split)")
     add_arguments(ap, MiniRunConfig)
     args = ap.parse_args(argv)
     store = _open(args.db)
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} minirun") -> int:
             run_id = resume(store, args.resume)
         else:
             cfg = from_arguments(MiniRunConfig, args)
-            run_id = start(store, cfg, name=args.name)
+            run_id = start(store, cfg, name=args.name, task=args.task)
     except BaseException:
         store.close()
         raise
