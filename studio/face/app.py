@@ -14,7 +14,7 @@ from pathlib import Path
 
 import panel as pn
 
-from sample_data import POLICY_DIR, SEED_DIRS
+from sample_data import CHAT_POLICY_DIR, POLICY_DIR, SEED_DIRS
 from studio.store import Store, StoreError, default_db_path
 
 TITLE = "Rollout Studio"
@@ -69,7 +69,7 @@ def describe_policy(path: str | Path) -> str:
         arch = cfg.get("model_type", "?")
     except (OSError, ValueError):
         return f"{p} (not a model folder: Generate will say why)"
-    name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
+    name = {POLICY_DIR.resolve(): "sample policy", CHAT_POLICY_DIR.resolve(): "sample chat policy"}.get(p.resolve(), p.name)
     # The worker picks the device (CUDA when present); importing torch here just for the
     # label would cost the server seconds at start-up.
     device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "CUDA if present, else CPU"

@@ -15,21 +15,22 @@ from pathlib import Path
 from backends.types import PolicyLoadError, check_policy_folder, is_policy_url
 
 __all__ = ["PolicyLoadError", "is_policy_url", "backend_info", "resolve_policy", "policy_target", "check_policy",
-           "policy_label", "decode_ids", "SAMPLE_POLICY", "REMOTE_DECODE_TIMEOUT_S"]
+           "policy_label", "decode_ids", "SAMPLE_POLICY", "SAMPLE_CHAT_POLICY", "REMOTE_DECODE_TIMEOUT_S"]
 
 SAMPLE_POLICY = "sample"  # how runs of the bundled sample policy name it (portable across machines)
+SAMPLE_CHAT_POLICY = "sample-chat"  # the realistic world's bundled chat policy, likewise
 REMOTE_DECODE_TIMEOUT_S = 1.0  # a hover card waits at most this long for a remote backend
 _remote_down: dict[str, float] = {}  # url -> when decoding last failed (not asked again for 30 s)
 
 
 def resolve_policy(policy: str | Path | None) -> Path | str | None:
-    """The folder of a policy as a run records it; ``"sample"`` is the bundled sample policy,
-    and a backend URL stays a URL (normalized: ``backends.remote.normalize_url``)."""
+    """The folder of a policy as a run records it; ``"sample"`` and ``"sample-chat"`` are the bundled
+    policies, and a backend URL stays a URL (normalized: ``backends.remote.normalize_url``)."""
     if policy is None:
         return None
-    if str(policy) == SAMPLE_POLICY:
-        from sample_data import POLICY_DIR
-        return POLICY_DIR
+    if str(policy) in (SAMPLE_POLICY, SAMPLE_CHAT_POLICY):
+        from sample_data import CHAT_POLICY_DIR, POLICY_DIR
+        return POLICY_DIR if str(policy) == SAMPLE_POLICY else CHAT_POLICY_DIR
     if is_policy_url(policy):
         from backends.remote import normalize_url
         return normalize_url(policy)
@@ -71,15 +72,16 @@ async def check_policy(policy: str | Path):
 
 
 def policy_label(path: str | Path) -> str:
-    """What a run stores as its policy: ``"sample"`` for the bundled one, a backend's URL
-    (never a key), else the absolute path."""
-    from sample_data import POLICY_DIR
+    """What a run stores as its policy: ``"sample"`` / ``"sample-chat"`` for the bundled ones, a
+    backend's URL (never a key), else the absolute path."""
+    from sample_data import CHAT_POLICY_DIR, POLICY_DIR
 
     if is_policy_url(path):
         from backends.remote import normalize_url
         return normalize_url(path)
     p = Path(path).expanduser().resolve()
-    return SAMPLE_POLICY if p == POLICY_DIR.resolve() else str(p)
+    bundled = {POLICY_DIR.resolve(): SAMPLE_POLICY, CHAT_POLICY_DIR.resolve(): SAMPLE_CHAT_POLICY}
+    return bundled.get(p, str(p))
 
 
 @functools.lru_cache(maxsize=8)
