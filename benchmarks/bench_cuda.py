@@ -60,7 +60,6 @@ import asyncio
 import json
 import math
 import os
-import random
 import socket
 import statistics
 import sys
@@ -76,6 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the project's packages
 
 from benchmarks import smoke  # noqa: E402
+from benchmarks.bench_sampling import NoEosTokenizer, bench_prompts  # noqa: E402  (stdlib and sample_data paths only)
 
 SAMPLE_POLICY = REPO / "sample_data" / "policy"
 CHAT_POLICY = REPO / "sample_data" / "chat_policy"
@@ -209,31 +209,6 @@ def build_qwen(out: Path, size: str, device: str, seed: int) -> None:
           f"{n['vocab_size']}) in {out}", flush=True)
 
 
-def bench_prompts(n: int, seed: int) -> list[str]:
-    """Arithmetic prompts of varied lengths (``Q: 23+48-7=``): the batch really is left-padded."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        terms = [str(rng.randint(0, 10 ** rng.randint(1, 2) - 1)) for _ in range(rng.randint(2, 4))]
-        out.append("Q: " + "".join(t if i == 0 else rng.choice("+-") + t for i, t in enumerate(terms)) + "=")
-    return out
-
-
-class _NoEosTokenizer:
-    """The tokenizer, reporting no end token: every row samples exactly ``max_new_tokens``."""
-
-    eos_token_id = None
-
-    def __init__(self, tok):
-        self._tok = tok
-
-    def __call__(self, *args, **kwargs):
-        return self._tok(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._tok, name)
-
-
 # --------------------------------------------------------------------------------------
 # The checks of one policy in one dtype.
 # --------------------------------------------------------------------------------------
@@ -360,7 +335,7 @@ def check_speed(rep: Report, case: str, dt: str, model_label: str, policy, promp
     from backends.policy import sample_batch
 
     model, tok = policy.model, policy.tokenizer
-    no_eos = _NoEosTokenizer(tok)
+    no_eos = NoEosTokenizer(tok)
     saved_eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None  # both run every row to the full length
 

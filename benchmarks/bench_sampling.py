@@ -120,7 +120,7 @@ class PeakRSS:
         return False
 
 
-class _NoEosTokenizer:
+class NoEosTokenizer:
     """The real tokenizer, reporting no end token: sampling never stops early, so both
     methods generate exactly ``max_new_tokens`` for every row."""
 
@@ -243,7 +243,7 @@ def measure(mode: str, model_dir: Path, tokenizer_dir: Path, batch: int, new_tok
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # fixed length for every method
-    tok = _NoEosTokenizer(tok)
+    tok = NoEosTokenizer(tok)
     prompts = chat_prompts(tok, batch, seed) if getattr(tok, "chat_template", None) else bench_prompts(batch, seed)
 
     limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)

@@ -16,15 +16,14 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from studio.ingest.prompt_sets import PromptSetConfig, add_prompt_set
 from studio.queries.prompts import draw_prompts
 from studio.runs.generation import GenerateConfig, generate_sync
 from studio.store import Store
-from studio.store.schema import SEEDED
 
 from . import CHAT_POLICY_DIR, CHAT_ROLLOUTS_DIR, HERE, WORDPROBLEMS_DIR, WORDPROBLEMS_TASK
+from .make_rollouts import write_seed
 
 DESCRIPTION = "GSM8K-shaped word problems of the realistic sample world (2 to 4 operations)"
 
@@ -62,16 +61,7 @@ def main() -> None:
                                                                     max_new_tokens=128, seed=1),
                         task=WORDPROBLEMS_TASK, name=f"sample rollouts · word problems · {len(prompts)} × "
                                                      f"{args.group_size}", chunk_prompts=8)
-    if res.status != "done":
-        raise SystemExit(f"generation failed: {res.error}")
-    with store.transaction() as cur:
-        cur.execute("UPDATE runs SET kind = 'sample' WHERE run_id = ?", [res.run_id])
-    args.out.mkdir(parents=True, exist_ok=True)
-    for table in SEEDED:
-        rows = store.cursor().sql(f"SELECT * FROM {table}").to_arrow_table()
-        if table in ("tasks", "runs"):
-            rows = _relative(rows)
-        pq.write_table(rows, args.out / f"{table}.parquet", compression="zstd")
+    write_seed(store, res, args.out, lambda table, rows: _relative(rows) if table in ("tasks", "runs") else rows)
     acc = store.scalar("SELECT avg(correct::INT) FROM rollouts")
     print(json.dumps({"out": str(args.out), **store.counts(), "accuracy": round(acc, 3)}))
 

@@ -5,7 +5,6 @@ reviewer and every pair's decision, time, studio version, row count, sha256), an
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from datetime import datetime
@@ -21,18 +20,6 @@ from studio.store.records import now
 def sidecar_of(path: Path) -> Path:
     """Where an export's provenance goes: ``<path>.provenance.json``, beside it."""
     return path.with_name(path.name + ".provenance.json")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def _provenance(store: Store, cur, export_id: str, fmt: str, style: str, filetype: str, n_rows: int,

@@ -26,8 +26,9 @@ import pyarrow.compute as pc
 
 from studio.curation.errors import CurationError, NothingToExport, StalePairsError
 from studio.curation.formats import FORMATS, STYLES, _prompts, _rows_sql, _selection_sql, _step_source, _texts_sql
-from studio.curation.provenance import _provenance, _sha256, _write_sidecar, sidecar_of
+from studio.curation.provenance import _provenance, _write_sidecar, sidecar_of
 from studio.store import Store
+from studio.store.files import sha256_of
 from studio.store.records import new_id, now
 
 FILETYPES = ("jsonl", "parquet", "datasets")
@@ -235,7 +236,7 @@ def _write(store, cur, rows_sql, rows_params, requested, ftype, fmt, style, over
                    "unpaired": "every completion is both chosen and rejected somewhere (conflicts are left out)",
                    }.get(fmt, "the pairs make no rows")
             raise NothingToExport(f"nothing to export: {sel.num_rows} accepted pairs, but {why}")
-        digest = _sha256(tmp)
+        digest = sha256_of(tmp)
         existed = download is None and target.exists()
         if existed and not overwrite:  # it appeared since the path was chosen: take the next free version
             target, existed = versioned_path(requested), False

@@ -34,6 +34,7 @@ import pandas as pd
 from studio.configs import problems, setting
 from studio.errors import StudioError
 from studio.store import Store
+from studio.store.files import sha256_of
 from studio.store.records import now, prompt_rows
 from studio.tasks import Prompt, TaskParseError, define, from_spec, get_task, task_names
 from studio.tasks.answers import EXTRACTORS, gold_answer
@@ -238,19 +239,6 @@ def _read_datasets(p: Path) -> Source:
     columns = list(dict.fromkeys(str(c) for df in frames.values() for c in df.columns))
     rows = [r for split, df in frames.items() for r in _frame_rows(f"{p} [{split}]" if split else str(p), df, split)]
     return Source(p, "datasets", columns, rows)
-
-
-def sha256_of(path: Path) -> str:
-    """The sha256 of a file, or of a folder's files (their relative paths and bytes, in order)."""
-    h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
-    for f in files:
-        if path.is_dir():
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 # -- columns ------------------------------------------------------------------------------------
