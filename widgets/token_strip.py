@@ -540,10 +540,12 @@ class TokenStrip(pn.viewable.Viewer):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
         adv_label = "advantage" if ESTIMATORS[cr.estimator].level == "sequence" else "A₀"
         reward = "–" if ro["reward"] is None or pd.isna(ro["reward"]) else f"{ro['reward']:.3f}"
+        vid = ro.get("rule_version_id")
+        version = "" if not vid or pd.isna(vid) else f' <span class="version" title="the reward version shown">({esc(vid)})</span>'
         finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
         header = (
             f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(_clip(prompt.text, 48))}</b></span>{verdict}'
-            f'<span>reward <b>{reward}</b></span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
+            f'<span>reward <b>{reward}</b>{version}</span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
             f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> forks</span>{branch}'
             f'{step_line}</div>')
         if toks.empty:  # imported as text only: show the text; Enrich fills its tokens

@@ -151,6 +151,7 @@ CSS = """
 .card .pbar { height:8px; background:var(--accent); border-radius:2px; display:inline-block; }
 .meta-line { font-size:12px; color:#495057; display:flex; gap:14px; flex-wrap:wrap; margin:2px 0 6px 0; }
 .meta-line b { color:#212529; }
+.meta-line .version { color:#868e96; font-size:11px; }
 .chip { display:inline-block; padding:1px 7px; border-radius:10px; font-size:12px; font-weight:600; }
 .ok { color:#2b8a3e; } .bad { color:#c92a2a; }
 .banner { padding:6px 10px; border-radius:6px; font-size:13px; margin:4px 0; }
