@@ -301,25 +301,29 @@ def source_of(store: Store, vid: str) -> str | None:
 SOURCES_MARK = "\n# sources "
 
 
-def active_version(store: Store, picked: str = "") -> str | None:
+def active_version(store: Store, picked: str = "", task: str | None = None) -> str | None:
     """The version new rollouts should also be scored with: the one ``picked`` in a view,
     else the most recently applied rule or reward-model version (None when only built-in
-    rules have scored anything: Generate and Branch score with those already). Imported
-    scores are what a training run logged and cannot score new rollouts: they are never the
-    active version unless picked."""
+    rules have scored anything: Generate and Branch score with those already); with ``task``,
+    the most recent that scored rollouts of that task (a rule written for word problems does not
+    score arithmetic). Imported scores are what a training run logged and cannot score new
+    rollouts: they are never the active version unless picked."""
     if picked:
         return picked
-    return store.scalar("""
-        SELECT rule_version_id FROM rule_versions
-        WHERE source NOT LIKE '# rule %' AND source NOT LIKE '# import %'
-        ORDER BY created_at DESC, rule_version_id LIMIT 1""")
+    of_task = "" if task is None else """AND EXISTS (
+            SELECT 1 FROM rewards rw JOIN rollouts ro USING (rollout_id) JOIN prompts p USING (prompt_id)
+            WHERE rw.rule_version_id = v.rule_version_id AND rw.component = 'total' AND p.task = ?)"""
+    return store.scalar(f"""
+        SELECT rule_version_id FROM rule_versions v
+        WHERE source NOT LIKE '# rule %' AND source NOT LIKE '# import %' {of_task}
+        ORDER BY created_at DESC, rule_version_id LIMIT 1""", [] if task is None else [task])
 
 
 async def score_new_run(store: Store, run_id: str, picked: str = "") -> str:
     """After Generate or Branch stored run ``run_id``: score it with the :func:`active_version`
     too, so the views that show that version show the new rollouts. Returns a line for the
     user ('' when there was nothing to do); never raises for a rule's failures."""
-    vid = active_version(store, picked)
+    vid = active_version(store, picked, store.scalar("SELECT task FROM runs WHERE run_id = ?", [run_id]))
     if not vid:
         return ""
     try:
