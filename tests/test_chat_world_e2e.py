@@ -8,6 +8,7 @@ conversational and standard exports → one TRL DPO step on what ``datasets`` lo
 from __future__ import annotations
 
 import json
+from html import escape
 
 import numpy as np
 import pytest
@@ -61,7 +62,7 @@ def test_generate_templates_the_chat_and_verifies_the_answers(world, generated):
                           [generated.run_id])
     assert len(rows) == 36
     assert rows["prompt_text"].str.startswith("<|im_start|>").all()  # rendered by the policy's template, once
-    assert (rows["prompt_text"].str.count("<|im_start|>assistant") == 1).all()
+    assert all(t.count("<|im_start|>assistant") == 1 for t in rows["prompt_text"])
     assert not rows["prompt"].str.contains("<|im_start|>").any()  # the plain question is the prompt
     assert rows["text"].str.contains("<think>").mean() > 0.8 and rows["text"].str.contains(r"\\boxed\{").mean() > 0.8
     checked = rows[rows["correct"].notna()]
@@ -82,7 +83,7 @@ def test_the_token_strip_shows_the_conversation_and_the_reasoning_band(world, ge
     strip = TokenStrip(state=state)
     state.open_rollout(rid)
     html = " ".join(p.object for p in vars(strip).values() if isinstance(getattr(p, "object", None), str))
-    assert 'class="convo"' in html and prompt[:40] in html  # the user's turn, as text
+    assert 'class="convo"' in html and escape(prompt[:40]) in html  # the user's turn, as text
     assert "think-block" in html and "reasoning" in html
     assert "&lt;|im_start|&gt;" not in html and "<|im_start|>" not in html  # never the template's markers
     assert "gold" in html and "None" not in html
@@ -121,7 +122,7 @@ def test_a_short_mini_run_raises_accuracy_on_its_pool(world):
     from studio.tasks import get_task
 
     cfg = MiniRunConfig(policy=str(CHAT_POLICY_DIR), prompt_set="train", n_prompts=8, steps=20, prompts_per_step=8,
-                        group_size=8, learning_rate=1e-3, max_new_tokens=96, checkpoint_every=20, seed=0, overlap=False)
+                        group_size=8, learning_rate=2e-4, max_new_tokens=96, checkpoint_every=20, seed=0, overlap=False)
     pool = draw_prompts(world.store, WORDPROBLEMS_TASK, 8, seed=0, split="train")
     spec = get_task(WORDPROBLEMS_TASK).spec
     before = evaluate_job(str(CHAT_POLICY_DIR), [p.to_json() for p in pool], spec, k=16, max_new_tokens=96, seed=1)
@@ -141,7 +142,7 @@ def test_pairs_exported_both_ways_train_one_dpo_step(world, generated, tmp_path)
     from trl import DPOConfig, DPOTrainer
 
     built = world.build_pairs(run=generated.run_id, name="correct_vs_incorrect")
-    assert built.n_pairs > 0
+    assert built.added > 0
     world.accept(build=built.build_id)
     conv = world.export(tmp_path / "conv.jsonl", style="conversational")
     std = world.export(tmp_path / "std.jsonl")
