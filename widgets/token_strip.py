@@ -36,7 +36,7 @@ from studio.tasks.text import answer_span as find_answer_span
 from studio.workers.vocab import decode_ids
 
 from .base.clickable import ClickableHTML
-from .base.jobs import failure
+from .base.jobs import Job, failure
 from .base.state import StudioState
 from .base.style import CSS, REDRAWN, SCALES, STEP_SCALE, banner, chip, esc
 
@@ -413,7 +413,12 @@ class TokenStrip(pn.viewable.Viewer):
                                     css_classes=["token-strip"])
         self._strip.on_click(self._on_click)
         self._thresholds: dict[tuple, Threshold] = {}
-        self._layout = pn.Column(self._header, self._legend, self._strip, sizing_mode="stretch_width")
+        # a rollout imported as text: its tokens come from teacher forcing by the Generate policy
+        self._enrich = pn.widgets.Button(name="Enrich this rollout with the Generate policy", button_type="primary",
+                                         visible=False, width=300, margin=(0, 5))
+        self._enrich.on_click(self._on_enrich)
+        self._enriching = Job(lambda on: setattr(self._enrich, "disabled", on))
+        self._layout = pn.Column(self._header, self._legend, self._strip, self._enrich, sizing_mode="stretch_width")
         self.state.add_preloader(self._preload)
         self._render()
 
@@ -449,6 +454,32 @@ class TokenStrip(pn.viewable.Viewer):
     @param.depends("state.rollout_id", watch=True)
     def _new_rollout(self) -> None:
         self.state.fork_pos = -1
+        self._show_enrich()
+
+    def _show_enrich(self) -> None:
+        facts = lookups.rollout_facts(self.state.store, self.state.rollout_id) if self.state.rollout_id else None
+        self._enrich.visible = facts is not None and facts["n_tokens"] is None
+
+    async def _on_enrich(self, event=None) -> None:
+        """Teacher-force the shown text-only rollout through the Generate policy (``studio.runs.enrich``):
+        its tokens, log-probs and entropies appear in place, and it can be branched."""
+        from studio.runs import enrich
+
+        rid, policy = self.state.rollout_id, self.state.policy_path or "sample"
+        if self._enriching.running or not rid:
+            return
+        with self._enriching.claim():
+            self._header.object = banner("info", f"Enriching {rid} with {policy}…")
+            try:
+                report = await enrich.enrich(self.state.store, policy, rollout_ids=[rid])
+            except Exception as exc:  # a policy that cannot load, a store error: said in place
+                self._header.object = banner("error", failure("enriching this rollout", exc))
+                return
+        if report.skipped:
+            self._header.object = banner("error", f"not enriched: {report.skipped[0][1]}")
+            return
+        self._show_enrich()
+        self.state.param.update(refresh=self.state.refresh + 1)
 
     @param.depends(*(f"state.{name}" for name in SHOWN), watch=True)
     def _render(self) -> None:
@@ -553,8 +584,9 @@ class TokenStrip(pn.viewable.Viewer):
             body = (f'<div class="strip plain-text">{esc(text)}</div>' if isinstance(text, str) and text
                     else '<div class="empty">(an empty completion)</div>')
             return legend, header, (conversation_html(turns, body) + banner(
-                "info", "This rollout was imported as text: it has no token rows yet. Enrich it (tab Import & "
-                        "enrich) to see its tokens, log-probs and entropy, and to branch from it."))
+                "info", "This rollout was imported as text: it has no token rows yet. Enrich it (the button below, or "
+                        "a whole run in the tab Import & enrich) to see its tokens, log-probs and entropy, and to "
+                        "branch from it."))
         think, answer = (None, None) if task is None else completion_marks(task, prompt, [text_of(r) for r in rows_of(
             toks[["token_text", "token_id"]])])
         strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),

@@ -157,7 +157,7 @@ def test_chat_rollout_shows_the_conversation_and_marks(page, server):
         page.screenshot(path=str(Path(os.environ["ROLLOUT_STUDIO_SHOTS"]) / "chat-rollout-1280x800.png"))
 
 
-def test_text_only_import_shows_its_text_and_the_enrich_hint(page, server):
+def test_text_only_import_shows_its_text_and_is_enriched_in_place(page, server):
     page.get_by_placeholder("e.g. 48-7").fill("Imported question")
     page.get_by_placeholder("e.g. 48-7").press("Enter")
     wait_text(page, page.locator(".table-count"), "1 of", timeout_s=30)
@@ -169,6 +169,11 @@ def test_text_only_import_shows_its_text_and_the_enrich_hint(page, server):
     header = text(page.locator(".strip-header"))
     assert "None" not in header and "gold 42" in " ".join(header.split())
     shoot(page, "text-only-import-1440x900.png")
+    # the Enrich action: teacher-forced by the Generate policy, the rollout gets its tokens in place
+    page.get_by_role("button", name="Enrich this rollout with the Generate policy").click()
+    page.wait_for_selector(".token-strip .tok", timeout=60_000)
+    assert page.locator(".token-strip .tok").count() >= 20
+    assert page.get_by_role("button", name="Enrich this rollout with the Generate policy").count() == 0
 
 
 def test_add_a_prompt_set_in_the_import_tab(browser, server, tmp_path):
