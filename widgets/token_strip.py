@@ -7,8 +7,8 @@ tinted band labelled "reasoning" and the stated answer is outlined (the task's
 extracted answer beside the gold one. Step spans are underlined green (step verified
 correct) or red (wrong) where the task verifies steps. Forking tokens (entropy at or above
 the session's fork threshold) carry a small marker; clicking a token picks it for branching
-in the fork panel. A rollout imported as text alone shows its text and says Enrich fills
-its tokens."""
+in the fork panel. A rollout imported as text alone shows its text and an *Enrich* action
+that fills its tokens in place."""
 from __future__ import annotations
 
 import collections
