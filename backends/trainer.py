@@ -99,27 +99,72 @@ def completion_logps(model, prompt_ids: list[list[int]], completion_ids: list[li
 
     Prompts are left-padded and completions right-padded, with position ids counted over
     the real tokens (as the sampler counts them), so a log-prob here equals the one
-    recorded while sampling. Returns ``(logps [B, C], mask [B, C], entropies [B, C] or None)``.
+    recorded while sampling. Rows that share a prompt (a GRPO group) share its forward pass:
+    each distinct prompt is run once and its KV cache, gradients attached, serves every row
+    of it (as the sampler shares a group's prefill), so a chat template's long prompt is not
+    paid for once per completion. Returns ``(logps [B, C], mask [B, C], entropies [B, C] or None)``.
     """
     device = next(model.parameters()).device
-    P, C = max(map(len, prompt_ids)), max(1, max(map(len, completion_ids)))
-    ids = torch.full((len(prompt_ids), P + C), pad_id, dtype=torch.long)
+    C = max(1, max(map(len, completion_ids)))
+    distinct: dict[tuple[int, ...], int] = {}
+    row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    if len(distinct) < len(prompt_ids):
+        logits, comp, mask = _shared_prompt_logits(model, list(distinct), row_prompt, completion_ids, C, pad_id, device)
+    else:
+        logits, comp, mask = _whole_logits(model, prompt_ids, completion_ids, C, pad_id, device)
+    logp_all = torch.log_softmax(logits, -1)  # [B, C, V]: row j predicts completion token j
+    logps = logp_all.gather(-1, comp[..., None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logps, mask.to(logps.dtype), ent
+
+
+def _left_padded(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    P = max(map(len, prompt_ids))
+    ids = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
-    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=False)):
-        ids[b, P - len(p):P] = torch.tensor(p)
-        attn[b, P - len(p):P] = 1
+    for b, p in enumerate(prompt_ids):
+        ids[b, P - len(p):] = torch.tensor(p)
+        attn[b, P - len(p):] = 1
+    return ids.to(device), attn.to(device)
+
+
+def _right_padded(completion_ids: list[list[int]], C: int, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(completion_ids), C), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for b, c in enumerate(completion_ids):
         if c:
-            ids[b, P:P + len(c)] = torch.tensor(c)
-            attn[b, P:P + len(c)] = 1
-    ids, attn = ids.to(device), attn.to(device)
+            ids[b, :len(c)] = torch.tensor(c)
+            attn[b, :len(c)] = 1
+    return ids.to(device), attn.to(device)
+
+
+def _whole_logits(model, prompt_ids, completion_ids, C: int, pad_id: int, device):
+    """Each row's prompt and completion in one forward pass: the logits predicting its completion."""
+    p_ids, p_attn = _left_padded(prompt_ids, pad_id, device)
+    c_ids, c_attn = _right_padded(completion_ids, C, pad_id, device)
+    ids, attn = torch.cat([p_ids, c_ids], 1), torch.cat([p_attn, c_attn], 1)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=C + 1).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, -1)  # [B, C, V]: position P-1+j predicts completion token j
-    tgt = ids[:, P:]
-    logps = logp_all.gather(-1, tgt[..., None]).squeeze(-1)
-    mask = attn[:, P:].to(logps.dtype)
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return logps, mask, ent
+    return logits, c_ids, c_attn
+
+
+def _shared_prompt_logits(model, prompts, row_prompt: list[int], completion_ids, C: int, pad_id: int, device):
+    """The distinct prompts run once (KV cache kept, with gradients), their cache gathered to the rows,
+    then every row's completion run on it: the same logits as :func:`_whole_logits`."""
+    p_ids, p_attn = _left_padded([list(p) for p in prompts], pad_id, device)
+    out = model(input_ids=p_ids, attention_mask=p_attn, position_ids=(p_attn.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1)
+    rows = torch.as_tensor(row_prompt, device=device)
+    first = out.logits[:, -1].float()[rows]  # [B, V]: predicts each row's first completion token
+    c_ids, c_attn = _right_padded(completion_ids, C, pad_id, device)
+    if C == 1:
+        return first[:, None], c_ids, c_attn
+    past = out.past_key_values
+    past.batch_select_indices(rows)  # the prompts' keys and values, one copy per row (differentiable)
+    attn = torch.cat([p_attn[rows], c_attn[:, :-1]], 1)
+    pos = p_attn.sum(-1)[rows][:, None] + torch.arange(C - 1, device=device)[None]
+    rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, past_key_values=past).logits.float()
+    return torch.cat([first[:, None], rest], 1), c_ids, c_attn
 
 
 def length_buckets(lengths: list[int], max_buckets: int = 4, overhead: int = 64) -> list[np.ndarray]:

@@ -3,7 +3,7 @@
 Generate (drawn from the prompt set's test split, through the chat template) → the token strip
 (the conversation, the reasoning band) → a fork → a branch → a rule using ``math_match``
 applied and diffed → a 20-step mini-run that raises accuracy on its pool → pairs →
-conversational and standard exports → one TRL DPO step on what ``datasets`` loads.
+conversational and standard exports → one TRL DPO step and one KTO step on what ``datasets`` loads.
 """
 from __future__ import annotations
 
@@ -104,6 +104,23 @@ def test_a_fork_is_branched_and_its_continuations_verified(world, generated):
     assert kids["correct"].notna().all()
 
 
+def test_information_gain_teacher_forces_the_boxed_gold_answer_after_each_step(world, generated):
+    from studio.queries.credit import steps_of
+    from studio.runs.credit_models import answer_text, information_gain
+    from studio.workers.sync import run_sync
+
+    rid = world.store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? AND correct ORDER BY rollout_id LIMIT 1",
+                             [generated.run_id])
+    steps = steps_of(world.store, rid)
+    assert len(steps) >= 2 and not steps["text"].str.endswith("\n").any()
+    assert answer_text(WORDPROBLEMS_TASK, {"answer": "72"}, "<think>\n48 / 2 = 24\n") == "</think>\n\\boxed{72}"
+    source = run_sync(information_gain, world.store, CHAT_POLICY_DIR, [rid])
+    ig = world.store.df("SELECT step_idx, value FROM step_rewards WHERE rollout_id = ? AND source = ? ORDER BY 1",
+                        [rid, source])
+    assert len(ig) == len(steps) and np.isfinite(ig["value"]).all()
+    assert ig["value"].sum() > 0  # a right answer: the reasoning raises P(gold) overall
+
+
 def test_a_rule_using_math_match_is_applied_and_diffed(world, generated):
     res = apply_rule_sync(world.store, LENGTH_RULE, name="math-short")
     assert res.status == "done" and res.failed == 0, res.message
@@ -164,3 +181,22 @@ def test_pairs_exported_both_ways_train_one_dpo_step(world, generated, tmp_path)
     assert np.isfinite(out.training_loss)
     assert any(not np.allclose(a.numpy(), b.detach().numpy()) for a, b in zip(before, model.parameters(),
                                                                               strict=True))
+
+
+def test_an_unpaired_export_trains_one_kto_step(world, generated, tmp_path):
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import KTOConfig, KTOTrainer
+
+    built = world.build_pairs(run=generated.run_id, name="correct_vs_incorrect")
+    world.accept(build=built.build_id)
+    out = world.export(tmp_path / "kto.jsonl", "unpaired", "conversational")
+    ds = load_dataset("json", data_files=str(out.path), split="train", cache_dir=str(tmp_path / "cache"))
+    assert set(ds.column_names) == {"prompt", "completion", "label"} and len(set(ds["label"])) == 2
+    tok = AutoTokenizer.from_pretrained(CHAT_POLICY_DIR)
+    model = AutoModelForCausalLM.from_pretrained(CHAT_POLICY_DIR)
+    args = KTOConfig(output_dir=str(tmp_path / "kto"), per_device_train_batch_size=4, max_steps=1, learning_rate=1e-3,
+                     max_length=384, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+                     save_strategy="no", disable_tqdm=True, seed=0)
+    res = KTOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok).train()
+    assert np.isfinite(res.training_loss)

@@ -337,3 +337,36 @@ def test_lora_trains_adapters_and_saves_a_merged_policy(store, tmp_path):
     assert not any("ln" in k or "wte" in k or "wpe" in k for k in changed)  # norms and embeddings stay frozen
     gens = load_policy(path).sample(["1+2="], n=2, max_new_tokens=8)  # usable as a policy everywhere
     assert len(gens) == 2
+
+
+def test_rows_sharing_a_prompt_share_its_forward_pass_with_the_same_log_probs_and_gradients():
+    """A group's prompt runs once and its KV cache (with gradients) serves every completion:
+    log-probs and gradients equal the per-row forward pass's, on both sample policies."""
+    import torch
+
+    from backends.policy import Policy
+    from backends.trainer import _whole_logits, completion_logps
+    from sample_data import CHAT_POLICY_DIR
+
+    for folder, prompts in ((POLICY_DIR, ["Q: 12+7=", "Q: 3-1="]),
+                            (CHAT_POLICY_DIR, ["<|im_start|>user\nTom has 3 apples.<|im_end|>\n<|im_start|>assistant\n",
+                                               "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"])):
+        model, tok = (pol := Policy(str(folder))).model, pol.tokenizer
+        gen = torch.Generator().manual_seed(0)
+        p_ids = [tok(prompts[i % 2])["input_ids"] for i in range(8)]
+        c_ids = [torch.randint(3, 90, (int(torch.randint(1, 12, (), generator=gen)),), generator=gen).tolist()
+                 for _ in range(8)]
+        w = torch.randn(8, 12, generator=gen)
+        grads = []
+        for shared in (True, False):
+            model.zero_grad()
+            if shared:
+                lp, mask, _ = completion_logps(model, p_ids, c_ids, tok.pad_token_id or 0)
+            else:
+                logits, comp, mask = _whole_logits(model, p_ids, c_ids, lp.shape[1], tok.pad_token_id or 0, "cpu")
+                lp = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)
+            (lp * mask * w[:, :lp.shape[1]]).sum().backward()
+            grads.append(([p.grad.clone() for p in model.parameters()], (lp * mask).detach()))
+        (g_shared, lp_shared), (g_whole, lp_whole) = grads
+        assert torch.allclose(lp_shared, lp_whole, atol=1e-4)
+        assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in zip(g_shared, g_whole, strict=True))

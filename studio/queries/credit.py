@@ -139,7 +139,7 @@ def steps_of(store: Store, rollout_id: str, seg: Segmenter = Segmenter(),  # noq
             where = np.flatnonzero(step == k)
             a, b = int(where[0]), int(where[-1])
             body = "".join(texts[a:b + 1])
-            trimmed = body.rstrip(";")  # the separator closes its step but is not part of its text
+            trimmed = body.rstrip(";").rstrip()  # the separator (';', a line break) closes its step, not part of it
             rows.append((int(k), a, b, trimmed, int(starts[a]) + len(trimmed)))
         return pd.DataFrame(rows, columns=["step_idx", "start_pos", "end_pos", "text", "char_end"])
     spans = seg.spans(text)
