@@ -64,7 +64,7 @@ def _strip_parts(studio: Studio, rollout_id: str, channel: str) -> tuple[str, st
     st = studio._new_state(channel=channel)
     st.open_rollout(rollout_id)
     view = TokenStrip(state=st)
-    header, legend, strip = view.__panel__().objects
+    header, legend, strip = view.__panel__().objects[:3]  # (then the Enrich action: not part of a page)
     legend_html = legend.object.replace(" · click any token to branch there", "")  # nothing to click in a file
     return header.object, legend_html, strip.object
 

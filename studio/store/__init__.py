@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from studio.errors import NOT_DONE, StudioError
 from studio.store import schema
+from studio.store.verdicts import fill_verdicts
 
 # a file in the shard folder that no shard lists is deleted on open once untouched this long: an
 # import writing it touches it every row group, one killed before its commit never again
@@ -337,7 +338,7 @@ class Store:
 
     def seed(self, folder: str | Path) -> None:
         """Load ``<table>.parquet`` files from ``folder`` into the matching tables, atomically; then each
-        seeded rollout's ``answer`` and ``correct`` from its task (:func:`fill_verdicts`) where the files
+        seeded rollout's ``answer`` and ``correct`` from its task (:func:`~studio.store.verdicts.fill_verdicts`) where the files
         do not carry them."""
         folder = Path(folder)
         with self.transaction() as cur:
@@ -440,55 +441,6 @@ def _folders(seed_dir: str | Path | Sequence[str | Path] | None) -> list[Path]:
         return []
     many = [seed_dir] if isinstance(seed_dir, (str, Path)) else list(seed_dir)
     return [Path(f) for f in many if Path(f).is_dir()]
-
-
-def fill_verdicts(cur: duckdb.DuckDBPyConnection, run_id: str | None = None) -> int:
-    """Set ``answer`` and ``correct`` of the rollouts not yet checked (``correct`` NULL) that their
-    task can check: a prompt with a gold answer, a task this process knows or the store defines, a run that is not an
-    import (an import's correctness is its own field's) unless ``run_id`` names it (an import that brought gold
-    answers and no correctness field: its task verifies them). The task's :meth:`~studio.tasks.Task.verdict`
-    in Python, the results joined back in one ``UPDATE … FROM`` a registered DataFrame (inside the
-    caller's transaction). Returns how many rollouts were checked."""
-    from studio.tasks import Prompt, get_task
-    from studio.tasks.base import UnknownTaskError, from_spec
-
-    rows = cur.execute("""
-        SELECT ro.rollout_id, coalesce(p.task, r.task), p.text, p.gold::VARCHAR, ro.text
-        FROM rollouts ro JOIN prompts p ON p.prompt_id = ro.prompt_id JOIN runs r ON r.run_id = ro.run_id
-        WHERE ro.correct IS NULL AND coalesce(p.gold->>'answer', '') <> ''
-          AND (r.run_id = ? OR (? IS NULL AND r.kind <> 'import'))""", [run_id, run_id]).fetchall()
-    tasks: dict = {}
-    ids, answers, verdicts = [], [], []
-    for rid, task_name, prompt, gold, text in rows:
-        if task_name not in tasks:
-            try:
-                tasks[task_name] = get_task(task_name)
-            except UnknownTaskError:  # a task this store defines, not yet known to the process (a seed's)
-                spec = cur.execute("SELECT spec FROM tasks WHERE name = ?", [task_name]).fetchall()
-                try:
-                    tasks[task_name] = from_spec(json.loads(spec[0][0])) if spec else None
-                except Exception:  # noqa: BLE001 - a spec this version cannot rebuild: its rollouts stay unchecked
-                    tasks[task_name] = None
-        task = tasks[task_name]
-        if task is None:
-            continue
-        try:
-            answer, ok = task.verdict(Prompt(prompt, json.loads(gold)), text or "")
-        except Exception:  # noqa: BLE001 - a completion its task cannot read stays unchecked
-            continue
-        ids.append(rid)
-        answers.append(answer)
-        verdicts.append(ok)
-    if ids:
-        frame = pd.DataFrame({"rollout_id": ids, "answer": pd.array(answers, dtype=object),
-                              "correct": pd.array(verdicts, dtype="boolean")})
-        cur.register("_verdicts", frame)
-        try:
-            cur.execute("""UPDATE rollouts SET answer = v.answer, correct = v.correct FROM _verdicts v
-                           WHERE rollouts.rollout_id = v.rollout_id""")
-        finally:
-            cur.unregister("_verdicts")
-    return len(ids)
 
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:
