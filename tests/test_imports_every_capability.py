@@ -62,7 +62,7 @@ def test_an_imported_rollout_is_branched_after_enrich(verl_run):
     assert kids["correct"].notna().all()  # verified against the imported gold answer
 
 
-def test_a_trl_run_with_an_answer_column_is_scored_by_the_free_text_rule(tmp_path, store_factory):
+def test_a_trl_run_with_an_answer_column_is_scored_by_the_free_text_rule_and_branched(tmp_path, store_factory):
     store = store_factory("t.duckdb")
     out = tmp_path / "trl"
     trl_log(out, 1, ["Q: 2+3="] * 4, ["2+3=5;A:5", "2+3=6;A:6", "2+3=5;A:5", "A:7"],
@@ -76,3 +76,9 @@ def test_a_trl_run_with_an_answer_column_is_scored_by_the_free_text_rule(tmp_pat
     assert sorted(acc["value"].tolist()) == [0.0, 0.0, 1.0, 1.0]
     gold = json.loads(store.scalar("SELECT gold FROM prompts"))
     assert gold["answer"] == "5"
+    # and branched once Enrich gave it tokens
+    assert enrich_sync(store, POLICY_DIR, run_id=rep.run_id).n_rollouts == 4
+    rid = store.scalar("SELECT rollout_id FROM rollouts WHERE text = 'A:7'")
+    res = branch_sync(store, rid, 1, [None], BranchConfig(n=2, seed=0), policy_path=POLICY_DIR)
+    assert res.status == "done", res.error
+    assert store.scalar("SELECT count(*) FROM rollouts WHERE parent_rollout_id = ? AND text LIKE 'A%'", [rid]) == 2
