@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import studio
-from sample_data import ROLLOUTS_DIR
+from sample_data import ROLLOUTS_DIR, WORDPROBLEMS_TASK
 from studio import queries
 from studio.face.api import StudioAPIError
 from studio.store import Store, StoreError
@@ -33,8 +33,9 @@ def test_open_without_a_path_is_the_embedded_default(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUT_STUDIO_DB", str(tmp_path / "default.duckdb"))
     with studio.open() as st:
         assert st.store.path == str(tmp_path / "default.duckdb")
-        assert st.store.counts()["rollouts"] == 512  # seeded with the sample rollouts
-        assert "512 rollouts" in repr(st)
+        assert st.store.counts()["rollouts"] == 512 + 384  # seeded with both sample worlds
+        assert "896 rollouts" in repr(st)
+        assert WORDPROBLEMS_TASK in set(st.tasks()["name"])  # the realistic world's prompt set, known to the process
 
 
 def test_rollouts_filters_match_the_tables_query(s):
