@@ -129,6 +129,7 @@ def build_store(path: Path, n: int):
         "finish_reason": pa.array(["stop"] * n),
         "policy_version": pa.array(["policy@bench"] * n),
         "created_at": pa.array([created] * n, pa.timestamp("us")),
+        "correct": pa.array(acc >= 1),  # the rollout's own correctness, as the studio writes it
     })
     comps = ["accuracy", "format", "steps", "total"]
     rewards = pa.table({

@@ -36,8 +36,8 @@ chunks. Every figure runs the studio's own query functions, the ones the widgets
 ``filtered_page_ms_correct_all_runs`` and ``filtered_page_ms_reward_all_runs`` (target < 200 ms)
     The table's first 18-row page and its counts (what the widget reads for a new filter) under
     *correct* alone and under a reward range alone (0.1-1.1, moved per repetition), over every run.
-    Correctness is the column ``rollouts.correct`` (make_large_store leaves it NULL, so it is set
-    first from the synthetic ``accuracy`` component, as an import's correctness field sets it); the
+    Correctness is the column ``rollouts.correct`` (make_large_store writes it from the synthetic
+    ``accuracy`` component; a store it built before that is filled first); the
     reward range reads the ``total`` rows of one version (``queries.table.reward_source``).
     Baseline ``previous_*``: the same calls of the previous implementation (``studio/queries/scoring.py``
     and ``table.py`` as of commit ``PREVIOUS``, read with ``git show``: correctness and the shown reward
@@ -144,8 +144,8 @@ def open_store(db: Path | None, tmp: Path, shape: mls.Shape):
 
 
 def fill_correct(store) -> None:
-    """``rollouts.correct`` from the synthetic ``accuracy`` component where make_large_store left it NULL
-    (as an import's correctness field sets it): one UPDATE, before anything is timed."""
+    """``rollouts.correct`` from the synthetic ``accuracy`` component in a store make_large_store built before
+    it wrote the column (``--db``): one UPDATE, before anything is timed."""
     if store.scalar("SELECT count(*) FROM rollouts WHERE correct IS NOT NULL"):
         return
     t = time.perf_counter()

@@ -232,6 +232,7 @@ class Plan:
             "finish_reason": pa.array(np.where(stops, "stop", "length")),
             "policy_version": pa.array([f"sample@{self.run_ids[run]}"] * m),
             "created_at": pa.array(created),
+            "correct": pa.array(self.accuracy[lo:hi] >= 1),  # the rollout's own correctness, as the studio writes it
         })
         return {"rollouts": rollouts, "tokens": tokens, "rewards": self.rewards(lo, hi, RULE_A)}
 

@@ -41,7 +41,8 @@ FIGURES = {
                        "sampling_peak_mem_150k_vocab_vs_stacked", "sampling_speed_chat_policy",
                        "sampling_speed_chat_policy_vs_stacked"},
     "bench_scale": {"rollout_tokens_ms_median", "filtered_page_ms_median", "filtered_page_incorrect_ms_median",
-                    "filtered_page_reward_range_ms_median", "group_ms_median", "ingest_rows_per_s"},
+                    "filtered_page_reward_range_ms_median", "group_ms_median", "ingest_rows_per_s",
+                    "filtered_page_ms_correct_all_runs", "filtered_page_ms_reward_all_runs"},
 }
 BROWSER = {"bench_fork", "bench_launch"}  # these drive Debian's Chromium (tests/ui/harness.py)
 

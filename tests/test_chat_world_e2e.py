@@ -153,14 +153,19 @@ def test_a_short_mini_run_raises_accuracy_on_its_pool(world):
     assert stored == 20 * 8 * 8
 
 
-def test_pairs_exported_both_ways_train_one_dpo_step(world, generated, tmp_path):
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
-
+@pytest.fixture(scope="module")
+def accepted(world, generated):
+    """The generated run's correct × incorrect pairs, built and accepted."""
     built = world.build_pairs(run=generated.run_id, name="correct_vs_incorrect")
     assert built.added > 0
     world.accept(build=built.build_id)
+    return built
+
+
+def test_pairs_exported_both_ways_train_one_dpo_step(world, accepted, tmp_path):
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
     conv = world.export(tmp_path / "conv.jsonl", style="conversational")
     std = world.export(tmp_path / "std.jsonl")
     rows = [json.loads(x) for x in conv.path.read_text().splitlines()]
@@ -183,13 +188,10 @@ def test_pairs_exported_both_ways_train_one_dpo_step(world, generated, tmp_path)
                                                                               strict=True))
 
 
-def test_an_unpaired_export_trains_one_kto_step(world, generated, tmp_path):
+def test_an_unpaired_export_trains_one_kto_step(world, accepted, tmp_path):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import KTOConfig, KTOTrainer
-
-    built = world.build_pairs(run=generated.run_id, name="correct_vs_incorrect")
-    world.accept(build=built.build_id)
     out = world.export(tmp_path / "kto.jsonl", "unpaired", "conversational")
     ds = load_dataset("json", data_files=str(out.path), split="train", cache_dir=str(tmp_path / "cache"))
     assert set(ds.column_names) == {"prompt", "completion", "label"} and len(set(ds["label"])) == 2

@@ -137,12 +137,17 @@ def test_length_bucketed_micro_batches_give_the_whole_batch_gradient(loss_type):
 def test_config_is_checked_and_names_every_problem():
     MiniRunConfig().validate()
     with pytest.raises(TrainConfigError) as e:
-        MiniRunConfig(group_size=1, learning_rate=2.0, estimator="ppo", prompt_set="everything").validate()
+        MiniRunConfig(group_size=1, learning_rate=2.0, estimator="ppo", prompt_set=" ").validate()
     msg = str(e.value)
     for part in ("group size must be 2-64", "learning rate", "estimator must be one of", "prompt set"):
         assert part in msg
     with pytest.raises(TrainConfigError, match="unknown settings"):
         MiniRunConfig.from_dict({"steps": 3, "warmup": 10})
+    from studio.runs.training import task_prompts
+    from studio.tasks import get_task
+
+    with pytest.raises(TrainConfigError, match="prompt set must be one of easy, medium, hard, mixed"):
+        task_prompts(get_task("arithmetic"), "everything", 4, 0)  # a split name is for stored prompt sets
 
 
 # ---------------------------------------------------------------------------- real runs

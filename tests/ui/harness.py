@@ -13,6 +13,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from sample_data import ROLLOUTS_DIR
+from studio.store import Store
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -54,7 +57,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Server:
-    def __init__(self, db: Path, extra: list[str] | None = None):
+    """``launch.py`` on ``db``. A store not made yet is seeded with the arithmetic world alone (``seed``), the one
+    these tests walk; the served default seeds both worlds (tests/test_api.py, tests/test_cli.py check that)."""
+
+    def __init__(self, db: Path, extra: list[str] | None = None, seed: Path | None = ROLLOUTS_DIR):
+        if seed is not None and not db.exists():
+            Store.open(db, seed_dir=seed).close()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = db.with_suffix(".log")
