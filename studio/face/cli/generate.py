@@ -38,6 +38,7 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
     from studio.store import StoreError
     from studio.tasks import TaskParseError, UnknownTaskError, get_task
 
+    s = None
     try:
         prompts = list(args.prompt)
         if args.prompts:
@@ -52,6 +53,8 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
             prompts += (task.make_prompts(args.fresh, seed=args.seed, difficulty=args.difficulty) if task.generates
                         else draw_prompts(s.store, task.name, args.fresh, seed=args.seed, split=args.split))
     except (OSError, ValueError, StoreError, UnknownTaskError) as exc:
+        if s is not None:  # an unknown task or an empty split: the store was opened, close it
+            s.close()
         _err(exc)
         return BAD_INPUT
     try:
