@@ -98,7 +98,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     With ``admins`` set, users outside it browse only: the Generate panel is not built for
     their session at all, so no callback exists that could run code on their behalf.
     """
-    from studio.face.tabs import TABS, index
+    from studio.face.lower_tabs import LowerTabs
     from studio.runs.registry import known_policies
     from widgets.base.state import StudioState
     from widgets.base.style import CSS, banner, esc
@@ -192,56 +192,11 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         pn.layout.Divider(),
         run_code,
     ])
-    # The lower tabs (``studio.face.tabs.TABS``): each view is built when its tab is first opened (a
-    # page costs the first tab, not eleven), then kept; a lazy view draws only while its tab is open.
-    # (Not Panel's dynamic tabs: those re-create a tab's models on every switch.)
-    MINIRUNS, IMPORT = index("Mini-runs"), index("Import & enrich")
-    for tab in TABS:  # their modules load with the page, not on a tab's first click
-        tab.view_class()
-
-    def retrain(version: str) -> None:  # "Retrain with this rule": the mini-run form, with the rule picked
-        view(MINIRUNS).use_rule(version)
-        tabs.active = MINIRUNS
-
-    def build(i: int, shown: bool = False) -> pn.viewable.Viewable:
-        v = TABS[i].build(state, can_run=runs_code, shown=shown)
-        if TABS[i].title == "Reward rules":
-            v.on_retrain = retrain
-        return v
-
-    # lazy views are made hidden; ``view`` draws one as its tab first opens, ``on_tab`` hides the
-    # others (a hidden view waits, stale, until it is shown again)
-    built: dict[int, pn.viewable.Viewable] = {0: build(0)}
-    tabs = pn.Tabs(*[(tab.title, built[i] if i in built else pn.Column(sizing_mode="stretch_width", min_height=200))
-                     for i, tab in enumerate(TABS)],
-                   sizing_mode="stretch_width", css_classes=["lower-tabs"], margin=(6, 6))
-
-    def view(i: int):
-        """Tab ``i``'s view, built, drawn and put in its tab on first use."""
-        if i not in built:
-            # drawn before its models exist, so they are made with what it shows: a change sent right
-            # behind them would reach widgets the browser has not built yet (BokehJS builds views
-            # asynchronously) and fail there
-            v = build(i, shown=True)
-            with pn.io.hold(freeze=True):  # its models reach the page in one message
-                built[i] = v
-                tabs[i] = (TABS[i].title, v)
-        return built[i]
-
-    def on_tab(event) -> None:
-        view(event.new)
-        for i, v in built.items():
-            if "shown" in v.param:
-                v.shown = i == event.new
-        if event.new == IMPORT:
-            built[IMPORT].fill()
-
-    tabs.param.watch(on_tab, "active")
+    tabs = LowerTabs(state, can_run=runs_code)
 
     async def tail_refresh() -> None:  # a watched folder grew: every view reloads, its reads on the preload thread
         await state.stored()
-        if tabs.active == IMPORT:
-            built[IMPORT].fill()
+        tabs.stored()
 
     follow_tails(store, tail_refresh)
     card = dict(sizing_mode="stretch_width", collapsible=False, header_background="#f8f9fa", margin=(6, 6))
@@ -255,7 +210,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
                 styles={"flex": "1 1 45%"}, sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         ),
-        tabs,
+        tabs.panel,
     ])
     template.header.append(pn.pane.HTML(
         '<span style="color:#cbd5e1;font-size:13px">per-token logprobs, entropy and advantages of every '
