@@ -339,3 +339,17 @@ class ForkPanel(pn.viewable.Viewer):
 
     def __panel__(self):
         return self._layout
+
+
+def fork_controls(state: StudioState) -> pn.Column:
+    """The sidebar's fork rule: which tokens the strip marks as forks."""
+    return pn.Column(
+        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", color="light",
+                                               sizing_mode="stretch_width", css_classes=["fork-mode"]),
+        pn.widgets.FloatSlider.from_param(state.param.fork_q, name="Top share q (TRL top_entropy_quantile)",
+                                          sizing_mode="stretch_width", css_classes=["fork-q"]),
+        pn.widgets.FloatInput.from_param(state.param.fork_abs, name="Absolute threshold (nats)",
+                                         sizing_mode="stretch_width", css_classes=["fork-abs"]),
+        pn.widgets.Select.from_param(state.param.fork_scope, name="Quantile over the tokens of",
+                                     sizing_mode="stretch_width", css_classes=["fork-scope"]),
+        sizing_mode="stretch_width")

@@ -103,7 +103,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.base.state import StudioState
     from widgets.base.style import CSS, banner, esc
     from widgets.credit_panel import credit_controls
-    from widgets.fork_panel import ForkPanel
+    from widgets.fork_panel import ForkPanel, fork_controls
     from widgets.generate_panel import GeneratePanel
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import version_picker
@@ -171,22 +171,13 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
                                                      color="light", sizing_mode="stretch_width",
                                                      css_classes=["channel-picker"])
-    fork_controls = pn.Column(
-        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", color="light",
-                                               sizing_mode="stretch_width", css_classes=["fork-mode"]),
-        pn.widgets.FloatSlider.from_param(state.param.fork_q, name="Top share q (TRL top_entropy_quantile)",
-                                          sizing_mode="stretch_width", css_classes=["fork-q"]),
-        pn.widgets.FloatInput.from_param(state.param.fork_abs, name="Absolute threshold (nats)",
-                                         sizing_mode="stretch_width", css_classes=["fork-abs"]),
-        pn.widgets.Select.from_param(state.param.fork_scope, name="Quantile over the tokens of",
-                                     sizing_mode="stretch_width", css_classes=["fork-scope"]),
-        sizing_mode="stretch_width")
+    forks = fork_controls(state)
     template.sidebar.extend([
         info, policy_pick,
         section("Colour tokens by"), channel,
         section("Reward rule"), version_picker(state),
         section("Advantages and steps"), credit_controls(state),
-        section("Forks (high-entropy tokens)"), fork_controls,
+        section("Forks (high-entropy tokens)"), forks,
         pn.layout.Divider(),
         section("Filter rollouts"), table.controls,
         pn.layout.Divider(),
