@@ -64,22 +64,33 @@ def credit_controls(state: StudioState) -> pn.Column:
     ref.param.watch(lambda e: setattr(state, "reference", "" if e.new == NONE else e.new), "value")
     crit.param.watch(lambda e: setattr(state, "value_source", "" if e.new == NONE else e.new), "value")
     step_src.param.watch(lambda e: setattr(state, "step_source", "" if e.new == NONE else e.new), "value")
-    num = dict(sizing_mode="stretch_width")
-    return pn.Column(
-        est,
-        pn.Row(pn.widgets.FloatInput.from_param(state.param.kl_beta, name="β", width=90),
-               pn.widgets.FloatInput.from_param(state.param.gae_gamma, name="γ", width=90),
-               pn.widgets.FloatInput.from_param(state.param.gae_lam, name="λ", width=90), **num),
-        ref, crit,
+    beta = pn.widgets.FloatInput.from_param(state.param.kl_beta, name="β (KL weight)", width=95)
+    gamma = pn.widgets.FloatInput.from_param(state.param.gae_gamma, name="γ", width=95)
+    lam = pn.widgets.FloatInput.from_param(state.param.gae_lam, name="λ", width=95)
+    pattern = pn.widgets.TextInput.from_param(state.param.step_pattern, name="delimiter / regex / tag", width=150)
+    outcome = pn.Row(pn.widgets.Select.from_param(state.param.step_agg, name="Steps → outcome", width=130,
+                                                  css_classes=["step-agg"]),
+                     pn.widgets.FloatInput.from_param(state.param.gate_tau, name="Gate τ (G-RA)", width=130),
+                     sizing_mode="stretch_width")
+    kl_row = pn.Column(beta, ref, sizing_mode="stretch_width", margin=0)
+    gae_row = pn.Row(gamma, lam, sizing_mode="stretch_width", margin=0)
+
+    def show_relevant(*_):
+        """Each setting shows only where it acts: β and the reference with the KL estimator or the
+        implicit step reward, γ, λ and the critic with GAE, the outcome rule once steps have rewards."""
+        kl = state.estimator == "kl" or state.step_source == credit.IMPLICIT
+        kl_row.visible = kl
+        gae_row.visible = crit.visible = state.estimator == "gae"
+        pattern.visible = state.segmenter not in ("task", "newline")
+        outcome.visible = bool(state.step_source)
+
+    show_relevant()
+    state.param.watch(show_relevant, ["estimator", "step_source", "segmenter"])
+    steps = pn.Column(
         pn.Row(pn.widgets.Select.from_param(state.param.segmenter, name="Steps by", width=130,
-                                            css_classes=["segmenter"]),
-               pn.widgets.TextInput.from_param(state.param.step_pattern, name="delimiter / regex / tag", width=150),
-               **num),
-        step_src,
-        pn.Row(pn.widgets.Select.from_param(state.param.step_agg, name="Steps → outcome", width=130,
-                                            css_classes=["step-agg"]),
-               pn.widgets.FloatInput.from_param(state.param.gate_tau, name="Gate τ (G-RA)", width=150), **num),
-        sizing_mode="stretch_width")
+                                            css_classes=["segmenter"]), pattern, sizing_mode="stretch_width"),
+        step_src, outcome, sizing_mode="stretch_width")
+    return pn.Column(est, kl_row, gae_row, crit, steps, sizing_mode="stretch_width")
 
 
 class CreditView(LazyView):

@@ -29,10 +29,10 @@ from studio.queries import lookups
 from studio.queries.prompts import PromptDrawError, draw_prompts, split_counts, task_choices
 from studio.rewards import rules
 from studio.runs.generation import ConfigError, GenerateConfig, generate
-from studio.runs.registry import local_device, note_local_device
 from studio.store import StoreError
 from studio.tasks import Prompt, TaskParseError, UnknownTaskError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
+from studio.workers.processes import local_device, note_local_device, warm
 from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
 from widgets.forms import parameter
 
@@ -81,7 +81,7 @@ def backend_html(policy: str, state: str, info=None, error: str | None = None, d
         if device:
             where = f"<b>{esc(device.upper())}</b>"
         else:
-            where = '<span title="the worker loads the policy on the first Generate or Branch">CUDA if present, else CPU</span>'
+            where = '<span title="the worker process is loading the policy; its device shows here once loaded">loading…</span>'
         return (f'<div class="backend-line"><span class="backend-dot {"ok" if device else "idle"}"></span>'
                 f'<span>local worker</span><span class="sep">·</span><b>{esc(name)}</b><span class="sep">·</span>'
                 f'{where}</div>')
@@ -134,8 +134,11 @@ class BackendStatus(pn.viewable.Viewer):
         policy = self.policy
         if not is_policy_url(policy):
             self._job.ticket()  # answered at once: a remote check still in flight is dropped
-            self._line.object = backend_html(policy, "local", device=local_device(policy))
+            device = local_device(policy)
+            self._line.object = backend_html(policy, "local", device=device)
             self._retry.visible, self.healthy = False, True
+            if device is None:
+                self._await_device(policy)
             return
         self._line.object = backend_html(policy, "checking")
         self._retry.disabled = True
@@ -153,6 +156,21 @@ class BackendStatus(pn.viewable.Viewer):
             self._retry.visible, self._retry.disabled = info is None or info.latency_s > SLOW_S, False
 
         self._job.submit(ask, show)  # off the event loop; the policy may change meanwhile: the newest check wins
+
+    def _await_device(self, policy: str) -> None:
+        """Load ``policy`` in the worker now, and name its device once the worker reports it."""
+        warm(policy)
+        if not served():
+            return
+
+        def look() -> None:
+            device = local_device(policy)
+            if device is not None or self.policy != policy:
+                poll.stop()
+                if self.policy == policy:
+                    self._line.object = backend_html(policy, "local", device=device)
+
+        poll = pn.state.add_periodic_callback(look, period=1000, count=300)
 
     def ran_on(self, device: str | None) -> None:
         """A job finished on ``device`` (a result's device): a local worker's device is now known."""

@@ -6,7 +6,6 @@ process and shared by every session (one owner of the DuckDB file).
 from __future__ import annotations
 
 import json
-import os
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ class StudioTemplate(pn.template.BootstrapTemplate):
 
 
 def describe_policy(path: str | Path) -> str:
-    """One line naming the policy folder, its architecture and where it will run."""
+    """One line naming the policy folder and its architecture (or the backend URL)."""
     from backends import is_policy_url
 
     if is_policy_url(path):  # its health and device are in the Generate card's backend line
@@ -70,10 +69,7 @@ def describe_policy(path: str | Path) -> str:
     except (OSError, ValueError):
         return f"{p} (not a model folder: Generate will say why)"
     name = {POLICY_DIR.resolve(): "sample policy", CHAT_POLICY_DIR.resolve(): "sample chat policy"}.get(p.resolve(), p.name)
-    # The worker picks the device (CUDA when present); importing torch here just for the
-    # label would cost the server seconds at start-up.
-    device = os.environ.get("ROLLOUT_STUDIO_DEVICE") or "CUDA if present, else CPU"
-    return f"{name} · {arch} · local worker on {device}"
+    return f"{name} · {arch}"  # where it runs: the Generate card's backend line, once the worker says
 
 
 def refusal_page(message: str) -> StudioTemplate:
@@ -99,6 +95,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     their session at all, so no callback exists that could run code on their behalf.
     """
     from studio.face.lower_tabs import LowerTabs
+    from studio.queries import lookups
     from studio.runs.registry import known_policies
     from widgets.base.state import StudioState
     from widgets.base.style import CSS, banner, esc
@@ -130,18 +127,6 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     strip = TokenStrip(state=state)
     runs_code = may_run_code(admins)
     fork = ForkPanel(state=state, can_run=runs_code)
-    if runs_code:
-        run_code = pn.Card(GeneratePanel(state=state), title="Generate", collapsed=False, sizing_mode="stretch_width",
-                           css_classes=["generate-card"], header_background="#eef2ff")
-    else:
-        run_code = pn.pane.HTML(
-            banner("info", f"Signed in as {pn.state.user}: browsing only. Generate and other code-running "
-                           f"actions are for {', '.join(sorted(admins))}."),
-            stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["browse-only"])
-
-    def section(title: str) -> pn.pane.HTML:
-        return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
-                            f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
 
     counts = state.fresh_read(("counts",), store.counts)
     policies = state.fresh_read(("policies",), lambda: known_policies(store))
@@ -168,22 +153,39 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     sync_policies()
     state.param.watch(sync_policies, ["refresh"])
     policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
+    group = dict(sizing_mode="stretch_width", header_background="#f1f3f5", margin=(6, 8), collapsible=True,
+                 styles={"border-radius": "6px"})
+    if runs_code:
+        run_code = pn.Card(policy_pick, GeneratePanel(state=state), title="Generate", collapsed=False,
+                           css_classes=["generate-card"], **{**group, "header_background": "#eef2ff"})
+    else:
+        run_code = pn.pane.HTML(
+            banner("info", f"Signed in as {pn.state.user}: browsing only. Generate and other code-running "
+                           f"actions are for {', '.join(sorted(admins))}."),
+            stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["browse-only"])
+
+    def section(title: str) -> pn.pane.HTML:
+        return pn.pane.HTML(f'<div style="font-size:11px;font-weight:700;letter-spacing:.06em;color:#6b7280;'
+                            f'text-transform:uppercase">{esc(title)}</div>', margin=(8, 10, 0, 10))
+
     channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
                                                      color="light", sizing_mode="stretch_width",
                                                      css_classes=["channel-picker"])
-    forks = fork_controls(state)
+    # in the order of use: which rollouts, what the colours show, then generating more; the
+    # settings of one estimator or of forks fold away until wanted
     template.sidebar.extend([
-        info, policy_pick,
-        section("Colour tokens by"), channel,
-        section("Reward rule"), version_picker(state),
-        section("Advantages and steps"), credit_controls(state),
-        section("Forks (high-entropy tokens)"), forks,
-        pn.layout.Divider(),
-        section("Filter rollouts"), table.controls,
-        pn.layout.Divider(),
+        info,
+        section("Rollouts"), table.controls,
+        section("Colour tokens by"), channel, version_picker(state),
+        pn.Card(fork_controls(state), title="Fork markers", collapsed=True, css_classes=["fork-card"], **group),
+        pn.Card(credit_controls(state), title="Advantages & steps", collapsed=True, css_classes=["credit-card"],
+                **group),
         run_code,
     ])
     tabs = LowerTabs(state, can_run=runs_code)
+    first = lookups.informative_rollout(store)  # the page opens on a group with right and wrong answers
+    if first:
+        state.open_rollout(first)
 
     async def tail_refresh() -> None:  # a watched folder grew: every view reloads, its reads on the preload thread
         await state.stored()

@@ -115,3 +115,16 @@ def scope_task(store: Store, run_id: str | None = None) -> str | None:
 def task_prompt_texts(store: Store, task: str, limit: int = 200) -> list[str]:
     """Prompt texts of ``task`` already in the store (the Generate panel's picker), by text."""
     return store.df("SELECT text FROM prompts WHERE task = ? ORDER BY text LIMIT ?", [task, limit])["text"].tolist()
+
+
+def informative_rollout(store: Store) -> str | None:
+    """A rollout worth opening first: one of the newest group whose completions are both right and
+    wrong (so its advantages differ), with per-token statistics to draw; the newest rollout with
+    tokens when no group is mixed; None on an empty store."""
+    return store.scalar("""
+        WITH drawn AS (SELECT ro.rollout_id, ro.group_id, ro.correct, ro.created_at, ro.sample_idx FROM rollouts ro
+                       WHERE EXISTS (SELECT 1 FROM tokens t WHERE t.rollout_id = ro.rollout_id)),
+             mixed AS (SELECT group_id, max(created_at) AS newest FROM drawn GROUP BY group_id
+                       HAVING bool_or(correct) AND NOT bool_and(correct))
+        SELECT d.rollout_id FROM drawn d LEFT JOIN mixed m USING (group_id)
+        ORDER BY m.newest DESC NULLS LAST, d.created_at DESC, d.correct DESC, d.sample_idx LIMIT 1""")

@@ -1,21 +1,12 @@
-"""What the process knows about policies, shared by every page it serves: the policies a
-picker can offer (the bundled ones and every mini-run checkpoint in a store) and the device a
-local policy's worker reported once it ran.
-
-Process-wide, not per page: a device learned by one session's Generate is shown in every
-session's backend line.
+"""The policies a picker can offer, shared by every page the process serves: the bundled ones
+and every mini-run checkpoint in a store. (The device a local policy's worker runs on is the
+worker pool's: ``studio.workers.processes.local_device``.)
 """
 from __future__ import annotations
-
-import threading
-from pathlib import Path
 
 from sample_data import CHAT_POLICY_DIR, EARLY_POLICY_DIR, POLICY_DIR
 from studio.runs import minirun
 from studio.store import Store
-
-_devices: dict[str, str] = {}  # resolved policy folder -> device its worker reported ("cpu", "cuda")
-_lock = threading.Lock()
 
 
 def known_policies(store: Store) -> dict[str, str]:
@@ -26,15 +17,3 @@ def known_policies(store: Store) -> dict[str, str]:
     for r in minirun.checkpoints(store).itertuples():
         out[f"{r.name} · step {int(r.step)}"] = r.path
     return out
-
-
-def local_device(policy: str | Path) -> str | None:
-    """The device a local policy folder's worker reported, once it has run (else None)."""
-    with _lock:
-        return _devices.get(str(Path(policy).resolve()))
-
-
-def note_local_device(policy: str | Path, device: str) -> None:
-    """Remember that a local policy folder's worker ran on ``device``."""
-    with _lock:
-        _devices[str(Path(policy).resolve())] = device

@@ -19,6 +19,21 @@ from studio.workers.jobs import warm_job
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _warmed: set[str] = set()  # policies the pool's worker has loaded (or is loading)
+_devices: dict[str, str] = {}  # resolved policy folder -> the device its worker loaded it on ("cpu", "cuda")
+
+
+def local_device(policy: str | Path) -> str | None:
+    """The device a local policy folder's worker reported (once warmed or run; else None).
+
+    Process-wide: a device learned by one session is shown in every session's backend line."""
+    with _lock:
+        return _devices.get(str(Path(policy).resolve()))
+
+
+def note_local_device(policy: str | Path, device: str) -> None:
+    """Remember that a local policy folder's worker runs on ``device``."""
+    with _lock:
+        _devices[str(Path(policy).resolve())] = device
 
 
 def _init_worker() -> None:
@@ -96,4 +111,8 @@ def warm(policy: str | Path | None) -> None:
         if key in _warmed:
             return
         _warmed.add(key)
-    pool().submit(warm_job, key)
+    def loaded(future) -> None:  # the worker says where it put the weights
+        if future.exception() is None:
+            note_local_device(key, future.result())
+
+    pool().submit(warm_job, key).add_done_callback(loaded)
