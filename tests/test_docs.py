@@ -25,6 +25,46 @@ def test_readme_starts_with_the_two_setup_commands():
     assert cmds[1] in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+def test_readme_onboards_in_five_minutes():
+    """The README is the way in (set up, a picture, what to click, your own run, links); the reference is in docs/."""
+    assert len(README.splitlines()) <= 220, "README.md is over 220 lines: move the reference into a docs/ page"
+    assert "](docs/studio.png)" in README, "README.md does not show docs/studio.png"
+    png = (ROOT / "docs" / "studio.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "docs/studio.png is not a PNG: run python docs/screenshot.py"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+    assert (width, height) == (1440, 900), (width, height)
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_docs_link_leads_somewhere():
+    """Every link between the README and docs/ pages names a file that exists and, with ``#``, a heading in it;
+    every docs/ page is linked from the README."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), f"{page.name} links to {target}, which does not exist"
+            if anchor and file.suffix == ".md":
+                anchors = {slug(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), flags=re.M)}
+                assert anchor in anchors, f"{page.name} links to {target}: no such heading in {file.name}"
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", README))
+    assert linked == {p.name for p in pages[1:]}, "docs/ pages not linked from README.md: " + str(
+        sorted({p.name for p in pages[1:]} - linked))
+
+
+def test_every_environment_variable_is_documented():
+    code = "".join(p.read_text() for top in ("studio", "backends", "widgets") for p in (ROOT / top).rglob("*.py"))
+    for var in sorted(set(re.findall(r"ROLLOUT_STUDIO_[A-Z_]*[A-Z]", code))):
+        assert f"`{var}`" in DOCS, var
+
+
 def test_every_launch_option_is_documented():
     flags = [a.option_strings[-1] for a in serve.build_parser()._actions if a.option_strings and a.dest != "help"]
     assert "--db" in flags and "--check" in flags
@@ -84,7 +124,7 @@ def test_every_dotted_name_in_the_docs_exists():
     """A name the README, a docs page or the map gives (``studio.queries.table.RolloutFilter``) is one a reader can import."""
     names = set(re.findall(r"\b((?:studio|backends|widgets)\.[A-Za-z_][\w.]*[A-Za-z_\d])", DOCS))
     names = {n for n in names if not n.startswith(("studio.duckdb", "studio.prefix", "studio.completions",
-                                                     "studio.choices"))}
+                                                     "studio.choices")) and not n.endswith((".md", ".png"))}
     missing = sorted(n for n in names if not _resolves(n))
     assert not missing, f"the docs name what the code does not have: {missing}"
 
