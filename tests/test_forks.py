@@ -1,5 +1,7 @@
-"""Entropy forks: the quantile rule, forced-prefix continuation, branch trees in the store,
-the landscape and the two-policy entropy comparison, on the real sample policy."""
+"""Entropy forks: the quantile rule and the default that marks only tokens where the policy was
+unsure, one population for a whole tree, forced-prefix continuation, branch trees in the store,
+the pivotal forks a tree places on a strip, the landscape and the two-policy entropy comparison,
+on the real sample policies."""
 import threading
 
 import numpy as np
@@ -7,12 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from sample_data import EARLY_POLICY_DIR, POLICY_DIR
+from sample_data import EARLY_POLICY_DIR, POLICY_DIR, ROLLOUTS_DIR, SEED_DIRS
 from studio import queries
 from studio.queries import forks
 from studio.runs.branch import BranchConfig, BranchError, NoPolicyError, branch_sync
 from studio.runs.compare import score_with_sync
-from studio.signals.forks import ForkRule, fork_mask, quantile_threshold
+from studio.signals.forks import DEFAULT_MIN_ENTROPY, ForkRule, fork_mask, quantile_threshold
 from studio.store import Store
 from widgets.token_strip import channel_values
 
@@ -47,10 +49,14 @@ def test_store_threshold_matches_the_numpy_rule(seeded_store):
     ent = seeded_store.df("SELECT t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id) WHERE ro.run_id = ?",
                           [run])["entropy"].to_numpy()
     for q in (0.1, 0.2, 0.5):
-        thr = forks.threshold(seeded_store, ForkRule(q=q), rid)
+        thr = forks.threshold(seeded_store, ForkRule(q=q, min_entropy=0), rid)  # TRL's rule alone
         assert thr.n_tokens == len(ent)
-        assert thr.value == pytest.approx(quantile_threshold(ent, q), rel=1e-6)
+        assert thr.value == pytest.approx(quantile_threshold(ent, q), rel=1e-6) == pytest.approx(thr.quantile)
         assert thr.share == pytest.approx((ent >= thr.value).mean())
+        # with a minimum, the threshold is the larger of the two
+        floored = forks.threshold(seeded_store, ForkRule(q=q, min_entropy=0.3), rid)
+        assert floored.value == pytest.approx(max(0.3, thr.value)) and floored.quantile == pytest.approx(thr.value)
+        assert floored.floored == (thr.value < 0.3)
     absolute = forks.threshold(seeded_store, ForkRule(absolute=0.5), rid)
     assert absolute.value == 0.5 and absolute.share == pytest.approx((ent >= 0.5).mean())
     with pytest.raises(ValueError, match="q must be in"):
@@ -62,8 +68,35 @@ def test_filter_scope_uses_the_table_filter(seeded_store):
     rid = queries.rollout_table(seeded_store, flt).iloc[0]["rollout_id"]
     ids = queries.rollout_table(seeded_store, flt)["rollout_id"].tolist()
     ent = seeded_store.df("SELECT entropy FROM tokens WHERE list_contains(?, rollout_id)", [ids])["entropy"].to_numpy()
-    thr = forks.threshold(seeded_store, ForkRule(scope="filter"), rid, flt)
+    thr = forks.threshold(seeded_store, ForkRule(scope="filter", min_entropy=0), rid, flt)
     assert thr.n_tokens == len(ent) and thr.value == pytest.approx(np.quantile(ent, 0.8), rel=1e-6)
+
+
+def _top_prob(store, run_id: str) -> pd.DataFrame:
+    """Every token of a run: its entropy and the probability of the policy's most likely choice there."""
+    toks = store.df("""SELECT t.entropy, exp(list_max(t.topk_logprobs)) AS top_p
+                       FROM tokens t JOIN rollouts ro USING (rollout_id) WHERE ro.run_id = ?""", [run_id])
+    assert toks["top_p"].notna().all()
+    return toks
+
+
+def test_the_default_marks_only_tokens_where_the_policy_was_unsure(tmp_path):
+    """On both sample worlds, the default rule (the top 20 % and at least 0.5 nats) marks no token
+    whose most likely choice had more than 90 %; the top 20 % alone marks thousands of them (the
+    0.8 quantile is under 0.01 nats: 99 % on one token), and leaves the legend's story untrue."""
+    store = Store.open(tmp_path / "both.duckdb", seed_dir=SEED_DIRS)
+    runs = store.df("SELECT run_id, any_value(rollout_id) AS rid FROM rollouts GROUP BY run_id")
+    assert len(runs) == 2  # the arithmetic world and the chat world
+    for run_id, rid in runs.itertuples(index=False):
+        toks = _top_prob(store, run_id)
+        thr = forks.threshold(store, ForkRule(), rid)
+        marked = fork_mask(toks["entropy"].to_numpy(), thr.value)
+        assert thr.value >= DEFAULT_MIN_ENTROPY and thr.floored
+        assert marked.sum() > 100  # still a few hundred unsure tokens to branch at
+        assert not (marked & (toks["top_p"] > 0.9)).any(), toks[marked & (toks["top_p"] > 0.9)]
+        trl = fork_mask(toks["entropy"].to_numpy(), forks.threshold(store, ForkRule(min_entropy=0), rid).value)
+        assert (trl & (toks["top_p"] > 0.99)).sum() > 500
+    store.close()
 
 
 def test_effective_weight_is_advantage_on_forks_only():
@@ -175,6 +208,102 @@ def test_branch_tree_round_trips_through_the_store(tmp_path):
     store.close()
 
 
+def _answer_pos(toks: pd.DataFrame) -> int:
+    """The position of the first token of an arithmetic completion's stated answer (after "A:")."""
+    starts = np.cumsum([0] + [len(t) for t in toks["token_text"]])
+    at = "".join(toks["token_text"]).rindex("A:") + 2
+    return int(np.searchsorted(starts, at))
+
+
+def _marked(html: str, cls: str) -> set[int]:
+    """The positions of the strip's tokens that carry the class ``cls``."""
+    import re
+
+    return {int(pos) for c, pos in re.findall(r'<span class="(tok[^"]*)" data-pos="(\d+)"', html) if cls in c.split()}
+
+
+@pytest.fixture()
+def tree_store(tmp_path):
+    """The arithmetic world with one tree: its root ``rid`` branched at its stated answer (the sampled
+    digit and the runner-up, forced: a pivotal fork), at a middle token (drawn again), and one of those
+    branches branched again one token later."""
+    store = Store.open(tmp_path / "tree.duckdb", seed_dir=ROLLOUTS_DIR)
+    rid, mid, toks = _middle_fork(store)
+    ans = _answer_pos(toks)
+    assert mid < ans
+    sampled = int(toks.iloc[ans]["token_id"])
+    alt = next(int(i) for i in toks.iloc[ans]["topk_ids"] if int(i) != sampled)
+    at_answer = branch_sync(store, rid, ans, [sampled, alt], BranchConfig(n=2, seed=11))
+    at_mid = branch_sync(store, rid, mid, [None], BranchConfig(n=2, seed=12))
+    again = branch_sync(store, at_mid.rollout_ids[0], mid + 1, [None], BranchConfig(n=2, seed=13))
+    assert {at_answer.status, at_mid.status, again.status} == {"done"}
+    yield store, rid, {"answer": (ans, at_answer.rollout_ids), "mid": (mid, at_mid.rollout_ids),
+                       "again": (mid + 1, again.rollout_ids)}
+    store.close()
+
+
+def test_a_tree_is_judged_against_its_roots_population(tree_store):
+    """Every rollout of a tree gets its root's fork threshold (its run's, its step's), so the prefix
+    a branch shares with its root shows the same ▾ marks in both, under any rule."""
+    from widgets.base.state import StudioState
+    from widgets.token_strip import TokenStrip
+
+    store, rid, made = tree_store
+    branches = [b for _, ids in made.values() for b in ids]
+    own = store.df("SELECT t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id) WHERE ro.rollout_id = ?",
+                   [branches[0]])  # a branch run's own tokens would set another quantile
+    for rule in (ForkRule(), ForkRule(min_entropy=0), ForkRule(q=0.3, scope="step", min_entropy=0)):
+        root = forks.threshold(store, rule, rid)
+        assert root.n_tokens > 10 * len(own)
+        for b in branches:
+            assert forks.threshold(store, rule, b) == root
+    state = StudioState(store=store, fork_min=0.0)  # TRL's top 20 %: the quantile, not the minimum, decides
+    strip = TokenStrip(state=state)
+    state.rollout_id = rid
+    root_marks = _marked(strip._strip.object, "fork")
+    for diverged, ids in made.values():
+        first = diverged if ids is not made["again"][1] else made["mid"][0]  # shared with the root: before this
+        assert {p for p in root_marks if p < first}, "the shared prefix has unsure tokens to compare"
+        for b in ids:
+            state.rollout_id = b
+            assert {p for p in _marked(strip._strip.object, "fork") if p < first} == {p for p in root_marks if p < first}
+            assert "the root&#x27;s run" in strip._legend.object
+
+
+def test_a_trees_forks_are_marked_where_a_rollout_shares_them(tree_store):
+    """A fork is on every rollout of the tree that shares the tokens before it: the root shows the
+    pivotal answer (◆) and the middle fork (◇); a branch from the middle shows the middle fork and
+    its own, not the root's answer; its sibling not the fork it took after their split."""
+    from widgets.base.state import StudioState
+    from widgets.token_strip import TokenStrip
+
+    store, rid, made = tree_store
+    (ans, at_answer), (mid, at_mid), (again_pos, again) = made["answer"], made["mid"], made["again"]
+    tree = forks.tree(store, rid)
+    fl = forks.forks(store, tree)
+    by_pos = {f.pos: f for f in fl}
+    assert by_pos[ans].pivotal and by_pos[ans].spread >= forks.PIVOTAL_SPREAD  # a wrong answer digit, forced
+    assert not by_pos[mid].pivotal  # one choice: no spread
+    on = {r: set(forks.forks_on(tree, fl, r)) for r in tree["rollout_id"]}
+    assert on[rid] == {mid, ans}
+    assert all(on[r] == {mid, ans} for r in at_answer)  # the answer fork's branches share everything before it
+    assert on[at_mid[0]] == {mid, again_pos} and on[at_mid[1]] == {mid}
+    assert all(on[r] == {mid, again_pos} for r in again)
+    assert forks.forks_on(tree, fl, "not-in-the-tree") == {}
+
+    state = StudioState(store=store)
+    strip = TokenStrip(state=state)
+    state.rollout_id = rid
+    html = strip._strip.object
+    assert _marked(html, "pivot") == {ans} and _marked(html, "branched") == {mid}
+    assert f"spread {by_pos[ans].spread:.2f}" in html  # the hover card: the spread and each choice's value
+    assert "◆ pivotal" in html and "as sampled" in html
+    assert "<b>1</b> pivotal" in strip._header.object
+    assert "pivotal" in strip._legend.object and "branched, values within 0.5 (1)" in strip._legend.object
+    state.rollout_id = at_mid[1]
+    assert _marked(strip._strip.object, "pivot") == set() and _marked(strip._strip.object, "branched") == {mid}
+
+
 def test_a_lone_rollouts_tree_is_drawn_without_reading_the_tree(seeded_store):
     from widgets.fork_panel import lone_tree_html, tree_html
 
@@ -262,7 +391,7 @@ def test_cancelled_branch_leaves_no_rows(seeded_store):
 
 def test_landscape_counts_forks_per_rollout(seeded_store):
     run = queries.runs(seeded_store).iloc[0]["run_id"]
-    ls = forks.landscape(seeded_store, run)
+    ls = forks.landscape(seeded_store, run, ForkRule(min_entropy=0))
     ent = seeded_store.df("SELECT t.rollout_id, t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id) "
                           "WHERE ro.run_id = ?", [run])
     assert ls.n_tokens == len(ent) == ls.hist_counts.sum()
@@ -271,6 +400,9 @@ def test_landscape_counts_forks_per_rollout(seeded_store):
     assert (got.sort_index() == per.sort_index()).all()
     assert ls.by_pos["n"].sum() == len(ent)
     assert 0.19 < ls.share_above < 0.25  # ties at the threshold can only add
+    floored = forks.landscape(seeded_store, run)  # the default: at least 0.5 nats
+    assert floored.threshold.value == DEFAULT_MIN_ENTROPY
+    assert floored.share_above == pytest.approx((ent["entropy"] >= DEFAULT_MIN_ENTROPY).mean())
 
 
 def test_entropy_comparison_with_the_early_checkpoint(seeded_store, sample_policy):

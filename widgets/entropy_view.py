@@ -111,7 +111,7 @@ class EntropyLandscape(LazyView):
             biggest = max(runs.itertuples(), key=lambda r: r.rollouts, default=None)
             self.run = next((lab for lab, rid in self._run_ids.items() if biggest and rid == biggest.run_id), None)
 
-    @param.depends("run", "state.fork_mode", "state.fork_q", "state.fork_abs", watch=True)
+    @param.depends("run", "state.fork_mode", "state.fork_q", "state.fork_min", "state.fork_abs", watch=True)
     def _render(self) -> None:
         if self._defer():  # a hidden tab: drawn when it is opened
             return

@@ -29,7 +29,7 @@ from .base.clickable import ClickableHTML
 from .base.jobs import Job, failure, start
 from .base.state import StudioState
 from .base.style import CSS, REDRAWN, banner, esc
-from .token_strip import VISIBLE_WS, num, token_display
+from .token_strip import FORK_CSS, VISIBLE_WS, num, token_display, tree_forks, tree_key
 
 AS_SAMPLED = "as sampled (draw again)"
 
@@ -69,7 +69,7 @@ def _dots(rewards: list[float], lo: float, hi: float, width: int = 90) -> str:
             f'y2="14" stroke="#ced4da"/>{"".join(circles)}</svg>')
 
 
-NO_BRANCHES = '<div class="empty">No branches yet: pick a token (forks are marked ▾) and branch.</div>'
+NO_BRANCHES = '<div class="empty">No branches yet: pick a token (unsure ones are marked ▾) and branch.</div>'
 
 
 def _tree_head(crumbs: list[str], n_branches: int, root: str) -> str:
@@ -106,7 +106,7 @@ def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[for
         parent_text = by_id.loc[f.parent_rollout_id, "text"] if f.parent_rollout_id in by_id.index else ""
         cut = prefix_chars.get((f.parent_rollout_id, f.pos), 0)
         ctx = parent_text[max(0, cut - 18):cut]
-        badge = (f'<span class="badge pivotal" title="branch values differ by ≥ {forks.PIVOTAL_SPREAD}">pivotal</span>'
+        badge = (f'<span class="badge pivotal" title="branch values differ by ≥ {forks.PIVOTAL_SPREAD}">◆ pivotal</span>'
                  if f.pivotal else "")
         ent = "" if f.entropy is None else f"<span>H {num(f.entropy)} nats</span>"
         rows = []
@@ -160,7 +160,7 @@ class ForkPanel(pn.viewable.Viewer):
         self._job = Job(on_running=self._running)  # a branch request, cancellable
         self._attach: str | None = None
         self._tree_drawn_at = -1
-        self._head = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN,
+        self._head = pn.pane.HTML("", stylesheets=[CSS, FORK_CSS], sizing_mode="stretch_width", margin=(0, 5), **REDRAWN,
                                   css_classes=["fork-head-info"])
         self._choice_box = pn.widgets.CheckBoxGroup.from_param(
             self.param.choices, name="", inline=True, css_classes=["fork-choices"], margin=(0, 8),
@@ -195,9 +195,18 @@ class ForkPanel(pn.viewable.Viewer):
         self._form = pn.Column(*parts, visible=False, sizing_mode="stretch_width")
         self._layout = pn.Column(self._head, self._form, self._tree, sizing_mode="stretch_width")
         state = self.state
-        state.add_preloader(lambda rid, gid, found, fresh: found.update({("lineage", rid): forks.lineage(state.store, rid)}))
+        state.add_preloader(self._preload)
         self._render_pick()
         self._render_tree()
+
+    def _preload(self, rollout_id: str, group_id: str, found: dict, fresh: bool) -> None:
+        """Read ahead the tree :meth:`_render_tree` draws (the token strip's preloader, which marks
+        the tree's forks, may have read it already)."""
+        if ("lineage", rollout_id) not in found:
+            found[("lineage", rollout_id)] = forks.lineage(self.state.store, rollout_id)
+        key = tree_key(rollout_id, self.state.refresh + fresh)
+        if key not in found:
+            found[key] = tree_forks(self.state.store, rollout_id, found[("lineage", rollout_id)])
 
     # -- the picked token --------------------------------------------------------------
 
@@ -210,8 +219,9 @@ class ForkPanel(pn.viewable.Viewer):
         if not st.rollout_id or st.fork_pos < 0:
             self._form.visible = False
             self._head.object = ('<div class="empty">Click a token in the strip to branch there: its top '
-                                 'alternatives appear here. Forks (high-entropy tokens) are marked '
-                                 '<span class="fork-mark"></span>.</div>')
+                                 'alternatives appear here. Tokens where the policy was unsure are marked '
+                                 '<span class="fork-mark"></span>; branching shows whether the choice there '
+                                 'decides the outcome (pivotal: <span class="pivot-mark">◆</span>).</div>')
             return
         try:
             ro = queries.rollout(st.store, st.rollout_id)
@@ -315,13 +325,13 @@ class ForkPanel(pn.viewable.Viewer):
             self._tree.object = ""
             return
         try:
-            lineage = st.preloaded(("lineage", st.rollout_id), lambda: forks.lineage(st.store, st.rollout_id))
-            if lineage == (None, 0):  # most rollouts: one read, not the tree's four
+            tree = st.preloaded(tree_key(st.rollout_id, st.refresh), lambda: tree_forks(
+                st.store, st.rollout_id,
+                st.preloaded(("lineage", st.rollout_id), lambda: forks.lineage(st.store, st.rollout_id))))
+            if tree is None:  # most rollouts: one read, not the tree's four
                 self._tree.object = lone_tree_html(st.rollout_id)
                 return
-            tdf = forks.tree(st.store, st.rollout_id)
-            flist = forks.forks(st.store, tdf)
-            self._tree.object = tree_html(st.store, st.rollout_id, tdf, flist, queries.reward_bounds(st.store))
+            self._tree.object = tree_html(st.store, st.rollout_id, *tree, queries.reward_bounds(st.store))
         except StoreError as exc:
             self._tree.object = banner("error", str(exc))
 
@@ -342,14 +352,24 @@ class ForkPanel(pn.viewable.Viewer):
 
 
 def fork_controls(state: StudioState) -> pn.Column:
-    """The sidebar's fork rule: which tokens the strip marks as forks."""
+    """The sidebar's fork rule: which tokens the strip marks unsure (▾). The mode, then only the
+    settings that act in it: the top share q, the minimum entropy and the scope for "top share",
+    the threshold for "absolute"."""
+    top, absolute = (state.param.fork_mode.rx() == mode for mode in ("top share", "absolute"))
+    number = dict(sizing_mode="stretch_width", margin=(2, 5))
     return pn.Column(
-        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Fork rule", color="light",
+        pn.widgets.RadioButtonGroup.from_param(state.param.fork_mode, name="Mark unsure tokens by", color="light",
                                                sizing_mode="stretch_width", css_classes=["fork-mode"]),
-        pn.widgets.FloatSlider.from_param(state.param.fork_q, name="Top share q (TRL top_entropy_quantile)",
-                                          sizing_mode="stretch_width", css_classes=["fork-q"]),
-        pn.widgets.FloatInput.from_param(state.param.fork_abs, name="Absolute threshold (nats)",
-                                         sizing_mode="stretch_width", css_classes=["fork-abs"]),
-        pn.widgets.Select.from_param(state.param.fork_scope, name="Quantile over the tokens of",
-                                     sizing_mode="stretch_width", css_classes=["fork-scope"]),
+        pn.Row(pn.widgets.FloatInput.from_param(state.param.fork_q, name="Top share q", css_classes=["fork-q"],
+                                                **number),
+               pn.widgets.FloatInput.from_param(state.param.fork_min, name="Min entropy (nats)",
+                                                css_classes=["fork-min"], **number),
+               visible=top, sizing_mode="stretch_width", margin=0),
+        pn.widgets.Select.from_param(state.param.fork_scope, name="Top share of the tokens of", visible=top,
+                                     options={"the run (a branch: its root's)": "run",
+                                              "the training step (a branch: its root's)": "step",
+                                              "the table's filter": "filter"},
+                                     css_classes=["fork-scope"], **number),
+        pn.widgets.FloatInput.from_param(state.param.fork_abs, name="Threshold (nats)", visible=absolute,
+                                         css_classes=["fork-abs"], **number),
         sizing_mode="stretch_width")

@@ -5,10 +5,14 @@ channel value, top-k alternatives with probabilities). The ``<think>`` block sit
 tinted band labelled "reasoning" and the stated answer is outlined (the task's
 ``parse_completion`` spans, mapped to tokens by character offsets); the header shows the
 extracted answer beside the gold one. Step spans are underlined green (step verified
-correct) or red (wrong) where the task verifies steps. Forking tokens (entropy at or above
-the session's fork threshold) carry a small marker; clicking a token picks it for branching
-in the fork panel. A rollout imported as text alone shows its text and an *Enrich* action
-that fills its tokens in place."""
+correct) or red (wrong) where the task verifies steps. Tokens where the policy was unsure
+(entropy at or above the session's fork threshold, :mod:`studio.signals.forks`; a branch is
+judged as its tree's root) carry a ▾; tokens where the rollout's tree has been branched carry
+a ◆ when the branches' values differ by at least ``PIVOTAL_SPREAD`` (pivotal: the choice there
+decides the outcome) and a ◇ otherwise, with the value of each choice in the hover card; the
+legend says both in words, with the numbers. Clicking a token picks it for branching in the
+fork panel. A rollout imported as text alone shows its text and an *Enrich* action that fills
+its tokens in place."""
 from __future__ import annotations
 
 import collections
@@ -138,11 +142,15 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                clickable: bool = False, steps: pd.DataFrame | None = None,
                step_values: dict[int, float] | None = None,
                step_advantages: dict[int, float] | None = None, rollout_id: str | None = None,
-               think: tuple[int, int] | None = None, answer: tuple[int, int] | None = None) -> str:
+               think: tuple[int, int] | None = None, answer: tuple[int, int] | None = None,
+               explored: dict[int, forks.Fork] | None = None) -> str:
     """HTML of a token strip (of ``rollout_id``, named in its ``data-rollout``). Every token and alternative is escaped: shown, never run.
 
-    With ``fork_threshold`` set, forking tokens get the ``fork`` class (a marker above
-    them); ``picked`` outlines one position; ``clickable`` makes tokens report clicks.
+    With ``fork_threshold`` set, forking tokens get the ``fork`` class (a ▾ above them);
+    ``explored`` (position → the tree's fork there, :func:`studio.queries.forks.forks_on`) gives
+    the tokens branched at the ``pivot`` class (a ◆) or, when the branches' values barely differ,
+    ``branched`` (a ◇), and their card the value of each choice; ``picked`` outlines one
+    position; ``clickable`` makes tokens report clicks.
     ``steps`` (``step_idx, start_pos, end_pos``) boxes each step's tokens, with a bar under
     them coloured by ``step_values[step_idx]`` (hatched when the source has no value), and,
     with ``step_advantages``, a second bar with the step's group-normalised advantage.
@@ -163,6 +171,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             if int(a) not in opens and int(b) not in closes and int(a) <= int(b):
                 opens[int(a)], closes[int(b)] = int(k), int(k)
     step_values = step_values or {}
+    explored = explored or {}
     rid = f' data-rollout="{esc(rollout_id)}"' if rollout_id else ""
     parts = [f'<div class="strip{" compact" if compact else ""}" data-channel="{esc(channel)}"{rid}>']
     in_box = False
@@ -186,6 +195,9 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             cls += " step-ok" if step_ok[step] else " step-bad"
         if is_fork[i]:
             cls += " fork"
+        tried = explored.get(row.pos)
+        if tried is not None:
+            cls += " pivot" if tried.pivotal else " branched"
         if picked is not None and row.pos == picked:
             cls += " picked"
         if think is not None and think[0] <= i <= think[1]:
@@ -195,7 +207,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         if v not in colors:
             colors[v] = scale.colors(v)
         bg, fg = colors[v]
-        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i])
+        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i],
+                                        tried)
         vtxt = "" if v is None else f"{v:.4f}"
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
         parts.append(f'<span class="{cls}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
@@ -232,7 +245,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
 
 
 def _card(row, channel: str, value: float | None, alts: list[str] | None, step: int | None,
-          is_fork: bool = False) -> str:
+          is_fork: bool = False, tried: forks.Fork | None = None) -> str:
     p = math.exp(row.logprob) if row.logprob is not None else float("nan")
     rows = []
     ids, lps = listed(row.topk_ids), listed(row.topk_logprobs)
@@ -244,7 +257,7 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
         rows.append(f'<tr{chosen}><td class="alt">{esc(alt_shown.translate(VISIBLE_WS))}</td>'
                     f'<td><span class="pbar" style="width:{max(1, round(q * 80))}px"></span></td>'
                     f'<td style="text-align:right">{num(q)}</td></tr>')
-    where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "") + (" · fork" if is_fork else "")
+    where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "") + (" · unsure" if is_fork else "")
     stats = [("log-prob", num(row.logprob), channel == "logprob"), ("p(token)", num(p), False),
              ("entropy", f"{num(row.entropy)} nats", channel == "entropy")]
     if channel in ("advantage", "weight"):
@@ -252,8 +265,21 @@ def _card(row, channel: str, value: float | None, alts: list[str] | None, step: 
     lines = "".join(f'<span class="c-row"><span class="c-k">{k}</span>{"<b>" if bold else "<span>"}{esc(v)}'
                     f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)  # keys: fixed, safe text
     return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}</span>'
-            f'<span class="c-k">{esc(where)}</span></span>{lines}'
+            f'<span class="c-k">{esc(where)}</span></span>{lines}{_branched_html(tried)}'
             f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
+
+
+def _branched_html(tried: forks.Fork | None) -> str:
+    """The card's lines for a token the tree branched at: pivotal or not, the spread, each choice's value."""
+    if tried is None:
+        return ""
+    verdict = "◆ pivotal" if tried.pivotal else "◇ branched"
+    choices = " · ".join(
+        f"{'as sampled' if b.token_id is None else token_display(b.label)[0].translate(VISIBLE_WS)} "
+        f"{b.value:.2f} (n {b.n})" for b in tried.branches)
+    return (f'<span class="c-row c-branched"><span class="c-k">{verdict}</span>'
+            f'<b>spread {tried.spread:.2f}</b></span>'
+            f'<span class="c-row"><span class="c-k">value</span><span>{esc(choices)}</span></span>')
 
 
 def step_verdicts(rollout: dict) -> dict[int, bool | None]:
@@ -268,7 +294,8 @@ def step_verdicts(rollout: dict) -> dict[int, bool | None]:
 
 # Every state value the strip's HTML depends on: its redraw watches them, and the HTML drawn ahead
 # on a thread for a click is keyed by them (a value changed meanwhile draws again).
-SHOWN = ("rollout_id", "channel", "refresh", "fork_pos", "fork_mode", "fork_q", "fork_abs", "fork_scope", "table_filter",
+SHOWN = ("rollout_id", "channel", "refresh", "fork_pos", "fork_mode", "fork_q", "fork_min", "fork_abs", "fork_scope",
+         "table_filter",
          "estimator", "kl_beta", "reference", "gae_gamma", "gae_lam", "value_source", "segmenter", "step_pattern",
          "step_source", "step_agg", "gate_tau", "rule_version")
 
@@ -295,10 +322,10 @@ class TokenStrip(pn.viewable.Viewer):
         super().__init__(**params)
         self._header = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
                                     css_classes=["strip-header"])
-        self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
-                                    css_classes=["strip-legend"])
-        self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS], margin=(0, 5), **REDRAWN,
-                                    css_classes=["token-strip"])
+        self._legend = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[CSS, FORK_CSS], margin=(0, 5),
+                                    **REDRAWN, css_classes=["strip-legend"])
+        self._strip = ClickableHTML(object="", sizing_mode="stretch_width", stylesheets=[CSS, FORK_CSS], margin=(0, 5),
+                                    **REDRAWN, css_classes=["token-strip"])
         self._strip.on_click(self._on_click)
         self._thresholds: dict[tuple, Threshold] = {}
         # a rollout imported as text: its tokens come from teacher forcing by the Generate policy
@@ -332,6 +359,8 @@ class TokenStrip(pn.viewable.Viewer):
         if view is None:
             return
         found[("scored_group", view.group.group_id, key[2], key[3])] = view.group
+        found[("lineage", rollout_id)] = forks.lineage(st.store, rollout_id)  # the fork panel's read too
+        found[tree_key(rollout_id, s.refresh)] = tree_forks(st.store, rollout_id, found[("lineage", rollout_id)])
         # drawn here too (a run or scope not seen yet: its fork threshold, a quantile over its tokens)
         found[s.key()] = self._compose(s, lambda k, compute: found[k] if k in found else compute())
 
@@ -382,6 +411,7 @@ class TokenStrip(pn.viewable.Viewer):
             self._strip.object = ""
 
     def _threshold_key(self, ro: dict, s) -> tuple:
+        # the rollout's run stands for its tree root's: every rollout of a branch run has one root
         rule = s.fork_rule()
         return (rule, ro["run_id"], ro.get("train_step") if rule.scope == "step" else None,
                 s.table_filter if rule.scope == "filter" else None, s.refresh)
@@ -454,6 +484,11 @@ class TokenStrip(pn.viewable.Viewer):
         turns = conversation(facts or {"prompt": prompt.text}, task)
         verdict = answer_html(facts, task, prompt, ro.get("text") or "")
         n_forks = int(fork_mask(toks["entropy"].fillna(-1).to_numpy(), thr.value).sum()) if thr.value is not None else 0
+        tree = preloaded(tree_key(s.rollout_id, s.refresh), lambda: tree_forks(
+            s.store, s.rollout_id, preloaded(("lineage", s.rollout_id), lambda: forks.lineage(s.store, s.rollout_id))))
+        explored = forks.forks_on(*tree, s.rollout_id) if tree is not None else {}
+        n_pivotal = sum(f.pivotal for f in explored.values())
+        is_branch = bool(ro.get("parent_rollout_id")) and not pd.isna(ro.get("parent_rollout_id"))
         branch = ""
         if ro.get("parent_rollout_id") and not pd.isna(ro.get("fork_pos")):
             branch = f'<span>branch of <b>{esc(ro["parent_rollout_id"])}</b> at token {int(ro["fork_pos"])}</span>'
@@ -465,7 +500,8 @@ class TokenStrip(pn.viewable.Viewer):
         header = (
             f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(clipped(prompt.text, 48))}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b>{version}</span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
-            f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> forks</span>{branch}'
+            f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> unsure'
+            f'{f" · <b>{n_pivotal}</b> pivotal" if n_pivotal else ""}</span>{branch}'
             f'{step_line}</div>')
         if toks.empty:  # imported as text only: show the text; Enrich fills its tokens
             text = ro.get("text")
@@ -480,19 +516,79 @@ class TokenStrip(pn.viewable.Viewer):
         strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),
                            fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
                            clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id,
-                           think=think, answer=answer)
+                           think=think, answer=answer, explored=explored)
         marks = MARKS_KEY if think is not None or answer is not None else ""
-        return legend + fork_key_html(thr) + marks + est_note, header, conversation_html(turns, strip)
+        return (legend + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note, header,
+                conversation_html(turns, strip))
 
     def __panel__(self):
         return self._layout
 
 
-def fork_key_html(thr: Threshold) -> str:
-    """The legend line that says what the fork marker means and where the threshold sits."""
+def tree_key(rollout_id: str, refresh: int) -> tuple:
+    """The key a rollout's tree and forks are read ahead under (the strip and the fork panel share it)."""
+    return ("fork_tree", rollout_id, refresh)
+
+
+def tree_forks(store, rollout_id: str, lineage: tuple | None) -> tuple[pd.DataFrame, list[forks.Fork]] | None:
+    """The tree of ``rollout_id`` and its forks (:func:`studio.queries.forks.tree`, ``forks``); None
+    for a rollout that is alone in its tree (``lineage`` ``(None, 0)``: most rollouts, one read)."""
+    if lineage is None or lineage == (None, 0):
+        return None
+    tdf = forks.tree(store, rollout_id)
+    return tdf, forks.forks(store, tdf)
+
+
+UNSURE_HELP = ("unsure: the policy split its probability between choices here (high entropy). The default "
+               "minimum, 0.5 nats, is above every sample-policy token whose top choice had > 90%. Whether the "
+               "choice matters is what branching finds out (◆ pivotal).")
+
+
+def fork_key_html(thr: Threshold, branch: bool = False) -> str:
+    """The legend line that says in words what ▾ means, with the threshold, the rule and the share
+    of the scope's tokens it marks (``branch``: the shown rollout is judged as its tree's root)."""
     if thr.value is None:
-        return '<div class="legend"><span class="lg-help">no token entropies in this scope: no forks marked</span></div>'
-    share = "" if thr.share is None else f" · {thr.share:.1%} of {thr.n_tokens:,} tokens"
-    return (f'<div class="legend fork-key"><span class="fork-mark"></span><span class="lg-name">fork</span>'
-            f'<span>entropy ≥ <b>{thr.value:.4g}</b> nats ({esc(thr.rule.describe())}{esc(share)}) · '
-            f'click any token to branch there</span></div>')
+        return '<div class="legend"><span class="lg-help">no token entropies in this scope: no token marked unsure</span></div>'
+    rule = thr.rule
+    whose = {"run": "the root's run" if branch else "this run", "step": "the root's training step" if branch
+             else "this training step", "filter": "the table's filter"}[rule.scope]
+    if rule.absolute is not None:
+        why = "a fixed threshold"
+    elif thr.floored:
+        why = (f"the {rule.min_entropy:.2f}-nat minimum; the top {rule.q:.0%} of {whose}'s tokens "
+               f"starts at {thr.quantile:.2g}")
+    else:
+        why = f"the top {rule.q:.0%} of {whose}'s tokens" + (
+            f", above the {rule.min_entropy:.2f}-nat minimum" if rule.min_entropy > 0 else "")
+    share = "" if thr.share is None else f" · {thr.share:.1%} of {whose}'s {thr.n_tokens:,} tokens"
+    return (f'<div class="legend fork-key" data-threshold="{thr.value:.6g}"><span class="fork-mark"></span>'
+            f'<span class="lg-name">unsure</span><span class="lg-info" title="{esc(UNSURE_HELP)}">ⓘ</span>'
+            f'<span>entropy ≥ <b>{thr.value:.2f}</b> nats ({esc(why)}){esc(share)} · click any token to branch there'
+            '</span></div>')
+
+
+def branched_key_html(explored: dict[int, forks.Fork]) -> str:
+    """The legend line for the tokens the rollout's tree has branched at ('' when none)."""
+    if not explored:
+        return ""
+    n_pivotal = sum(f.pivotal for f in explored.values())
+    parts = [f'<span class="pivot-mark">◆</span><span class="lg-name">pivotal</span>'
+             f'<span>branching here moved the mean reward by ≥ {forks.PIVOTAL_SPREAD:g} ({n_pivotal})</span>']
+    if len(explored) > n_pivotal:
+        parts.append(f'<span class="branched-mark">◇</span><span>branched, values within '
+                     f'{forks.PIVOTAL_SPREAD:g} ({len(explored) - n_pivotal})</span>')
+    return (f'<div class="legend fork-key branched-key">{"".join(parts)}'
+            '<span class="muted">· hover one for the value of each choice</span></div>')
+
+
+# the tree's marks on the strip (the ▾ of an unsure token is in ``widgets.base.style.CSS``)
+FORK_CSS = """
+.tok.pivot::after, .tok.branched::after { position:absolute; right:-4px; top:-10px; font-size:10px; line-height:1;
+                                          font-family:'DejaVu Sans', sans-serif; pointer-events:none; }
+.tok.pivot::after { content:"◆"; color:#e03131; }
+.tok.branched::after { content:"◇"; color:#868e96; }
+.tok.pivot { box-shadow:inset 0 0 0 1px #e03131; }
+.pivot-mark { color:#e03131; font-size:11px; }
+.branched-mark { color:#868e96; font-size:11px; }
+.card .c-branched b { color:#c92a2a; }
+"""

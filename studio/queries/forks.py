@@ -1,11 +1,12 @@
 """Entropy forks as read from the store: fork thresholds, rollout trees with their branch values, the landscape.
 
-A *forking token* is one whose entropy is at or above the (1 - q) quantile of the token
-entropies in a scope, or above an absolute threshold in nats (the rule, TRL's
-``top_entropy_quantile``: :class:`~studio.signals.forks.ForkRule`). :func:`threshold` computes
-it over a scope of the store: a run, one training step of a run, or the rollouts the table
-filter keeps; :func:`landscape` shows where a run's entropy sits, and :func:`entropy_changes`
-where it moved between the stored policy and another one that re-scored the rollouts.
+A *forking token* is one where the policy was unsure: its entropy is in the top share of the
+token entropies of a scope and above a minimum, or above an absolute threshold in nats (the
+rule: :class:`~studio.signals.forks.ForkRule`). :func:`threshold` computes it over a scope of the
+store: the run, or one training step of the run, of the rollout's tree root (so a branch is
+judged as its root is), or the rollouts the table filter keeps; :func:`landscape` shows where a
+run's entropy sits, and :func:`entropy_changes` where it moved between the stored policy and
+another one that re-scored the rollouts.
 
 *Branching* (:mod:`studio.runs.branch`) continues a stored rollout from a fork: the prefix
 before it is kept, the token at it is forced to a chosen alternative (or drawn again, "as
@@ -16,7 +17,8 @@ Branch rollouts are ordinary rollouts with ``parent_rollout_id``, ``fork_pos`` a
 :func:`tree` reads a rollout's tree back and :func:`forks` its forks: the mean reward of a
 branch is a Monte Carlo estimate of the value of that choice, Q(prefix, token), and a fork
 whose branch values differ by at least ``PIVOTAL_SPREAD`` is *pivotal*: the choice there
-decides the outcome.
+decides the outcome. :func:`forks_on` places a tree's forks on one of its rollouts (every fork
+whose context that rollout shares), which is how the token strip marks pivotal tokens.
 """
 from __future__ import annotations
 
@@ -36,19 +38,35 @@ PIVOTAL_SPREAD = 0.5  # reward units between the best and worst branch of a fork
 # ---------------------------------------------------------------------------- fork threshold
 
 
+# the rollout at the root of the tree of the rollout bound to its one parameter (itself when not a branch)
+ROOT_SQL = """(WITH RECURSIVE up(rid, parent, depth) AS (
+        SELECT rollout_id, parent_rollout_id, 0 FROM rollouts WHERE rollout_id = ?
+        UNION ALL
+        SELECT ro.rollout_id, ro.parent_rollout_id, up.depth + 1
+        FROM up JOIN rollouts ro ON ro.rollout_id = up.parent
+        WHERE up.depth < 100)
+    SELECT rid FROM up ORDER BY depth DESC LIMIT 1)"""
+
+
 def scope_condition(rule: ForkRule, rollout_id: str | None,
                     flt: RolloutFilter | None = None) -> tuple[str, list]:
-    """A condition on ``rollouts ro`` selecting the rollouts whose tokens set the quantile."""
+    """A condition on ``rollouts ro`` selecting the rollouts whose tokens set the quantile: the
+    filter's, or those of the run (and step) of ``rollout_id``'s tree root, so every rollout of a
+    tree is judged against one population."""
     if rule.scope == "filter":
         sql, params = rollout_table_sql(None, replace(flt or RolloutFilter(), limit=10**9))
         return f"ro.rollout_id IN (SELECT rollout_id FROM ({sql}))", params
     if not rollout_id:
         return "TRUE", []
-    run = "ro.run_id = (SELECT run_id FROM rollouts WHERE rollout_id = ?)"
+    run = f"ro.run_id = {_root_column('run_id')}"
     if rule.scope == "step":
-        return (f"{run} AND ro.train_step IS NOT DISTINCT FROM "
-                "(SELECT train_step FROM rollouts WHERE rollout_id = ?)"), [rollout_id, rollout_id]
+        return f"{run} AND ro.train_step IS NOT DISTINCT FROM {_root_column('train_step')}", [rollout_id, rollout_id]
     return run, [rollout_id]
+
+
+def _root_column(column: str) -> str:
+    """SQL for one column of the tree root of the rollout bound to its one parameter."""
+    return f"(SELECT {column} FROM rollouts WHERE rollout_id = {ROOT_SQL})"
 
 
 def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None = None,  # noqa: B008  (a frozen dataclass)
@@ -56,18 +74,31 @@ def threshold(store: Store, rule: ForkRule = ForkRule(), rollout_id: str | None 
     """The fork threshold of ``rule`` for the scope around ``rollout_id`` (or the filter)."""
     rule.validate()
     cond, params = scope_condition(rule, rollout_id, flt)
-    q_or_abs = [rule.absolute] if rule.absolute is not None else [1.0 - rule.q]
-    value_sql = "?::DOUBLE" if rule.absolute is not None else "quantile_cont(entropy, ?)"
+    return _threshold_where(store, rule, cond, params)
+
+
+def _threshold_where(store: Store, rule: ForkRule, cond: str, params: list) -> Threshold:
+    """:func:`threshold` over the tokens of the rollouts ``ro`` that ``cond`` keeps, in one read."""
+    if rule.absolute is not None:
+        thr_sql, thr_params = "SELECT ?::DOUBLE AS value, NULL::DOUBLE AS quantile", [rule.absolute]
+    else:
+        thr_sql = ("SELECT greatest(q, ?::DOUBLE) AS value, q AS quantile "
+                   "FROM (SELECT quantile_cont(entropy, ?) AS q FROM scoped)")
+        thr_params = [rule.min_entropy, 1.0 - rule.q]
     row = store.df(f"""
         WITH scoped AS (SELECT t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id)
                         WHERE {cond} AND t.entropy IS NOT NULL),
-             thr AS (SELECT {value_sql} AS value{"" if rule.absolute is not None else " FROM scoped"})
-        SELECT thr.value, count(s.entropy) AS n, avg(CASE WHEN s.entropy >= thr.value THEN 1 ELSE 0 END) AS share
-        FROM scoped s, thr GROUP BY thr.value""", params + q_or_abs)
+             thr AS ({thr_sql})
+        SELECT thr.value, thr.quantile, count(s.entropy) AS n,
+               avg(CASE WHEN s.entropy >= thr.value THEN 1 ELSE 0 END) AS share
+        FROM scoped s, thr GROUP BY thr.value, thr.quantile""", params + thr_params)
     if row.empty or not row["n"].iloc[0]:
         return Threshold(rule.absolute, 0, None, rule)
-    value, n, share = row.iloc[0]
-    return Threshold(None if pd.isna(value) else float(value), int(n), None if pd.isna(share) else float(share), rule)
+    value, quantile, n, share = row.iloc[0]
+
+    def number(x):
+        return None if pd.isna(x) else float(x)
+    return Threshold(number(value), int(n), number(share), rule, number(quantile))
 
 
 # ---------------------------------------------------------------------------- trees
@@ -104,14 +135,7 @@ def tree(store: Store, rollout_id: str, rule_version_id: str | None = None) -> p
     branch took at the fork (``fork_token_id``/``fork_token_text``), whether it was forced,
     and its reward and accuracy under the shown rule version.
     """
-    root = store.scalar("""
-        WITH RECURSIVE up(rid, parent, depth) AS (
-            SELECT rollout_id, parent_rollout_id, 0 FROM rollouts WHERE rollout_id = ?
-            UNION ALL
-            SELECT ro.rollout_id, ro.parent_rollout_id, up.depth + 1
-            FROM up JOIN rollouts ro ON ro.rollout_id = up.parent
-            WHERE up.depth < 100)
-        SELECT rid FROM up ORDER BY depth DESC LIMIT 1""", [rollout_id])
+    root = store.scalar(f"SELECT {ROOT_SQL}", [rollout_id])
     if root is None:
         return pd.DataFrame()
     ids = store.df("""
@@ -213,6 +237,37 @@ def forks(store: Store, tree_df: pd.DataFrame) -> list[Fork]:
     return out
 
 
+def forks_on(tree_df: pd.DataFrame, fork_list: list[Fork], rollout_id: str) -> dict[int, Fork]:
+    """The forks of a tree that sit on ``rollout_id``'s tokens, by position: those of the rollout
+    itself and every fork whose context it shares (a fork of its root before the branch point, the
+    fork it was branched from). Two rollouts share the tokens before the first fork on the path
+    between them; where two forks share a position, the first of ``fork_list`` (the pivotal one)."""
+    if tree_df.empty or rollout_id not in set(tree_df["rollout_id"]):
+        return {}
+    parent = {r: (None if pd.isna(p) else p) for r, p in zip(tree_df["rollout_id"], tree_df["parent_rollout_id"])}
+    at = dict(zip(tree_df["rollout_id"], tree_df["fork_pos"]))
+
+    def up(node: str | None) -> list[str]:  # the node, its parent, ..., the root
+        path = []
+        while node is not None and node not in path:
+            path.append(node)
+            node = parent.get(node)
+        return path
+
+    mine = up(rollout_id)
+    out: dict[int, Fork] = {}
+    for f in fork_list:
+        theirs = up(f.parent_rollout_id)
+        common = next((n for n in theirs if n in mine), None)
+        if common is None:
+            continue
+        between = mine[:mine.index(common)] + theirs[:theirs.index(common)]
+        shared = min((int(at[n]) for n in between), default=None)  # None: the same rollout
+        if shared is None or f.pos <= shared:
+            out.setdefault(f.pos, f)
+    return out
+
+
 # ---------------------------------------------------------------------------- landscape
 
 @dataclass
@@ -235,10 +290,10 @@ class Landscape:
 
 def landscape(store: Store, run_id: str, rule: ForkRule = ForkRule(), bins: int = 40) -> Landscape:  # noqa: B008  (a frozen dataclass)
     """Histogram, mean entropy by position and by step, and forks per rollout split by
-    correctness, for one run's rollouts (the quantile's scope is the run)."""
+    correctness, for one run's rollouts (the quantile's scope is the run itself, a branch run's too)."""
     rule = replace(rule, scope="run")
-    any_rollout = store.scalar("SELECT rollout_id FROM rollouts WHERE run_id = ? LIMIT 1", [run_id])
-    thr = threshold(store, rule, any_rollout) if any_rollout else Threshold(None, 0, None, rule)
+    rule.validate()
+    thr = _threshold_where(store, rule, "ro.run_id = ?", [run_id])
     ent = store.df("""SELECT t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id)
                       WHERE ro.run_id = ? AND t.entropy IS NOT NULL""", [run_id])["entropy"].to_numpy(np.float64)
     hi = max(float(ent.max()) if ent.size else 1.0, (thr.value or 0) * 1.05, 1e-3)

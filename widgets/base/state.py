@@ -13,7 +13,7 @@ import param
 
 from studio.queries import RolloutFilter, lookups
 from studio.signals.advantages import ESTIMATORS, Credit
-from studio.signals.forks import DEFAULT_Q, SCOPES, ForkRule
+from studio.signals.forks import DEFAULT_MIN_ENTROPY, DEFAULT_Q, SCOPES, ForkRule
 from studio.signals.steps import AGGREGATES, SEGMENTERS, Segmenter
 from studio.store import Store
 
@@ -35,13 +35,18 @@ class StudioState(Preloading, param.Parameterized):
                                                   "rollout's most recent scoring).")
     fork_pos = param.Integer(default=-1, doc="The token of the shown rollout picked for branching (-1: none).")
     fork_mode = param.Selector(default="top share", objects=["top share", "absolute"],
-                               doc="Forks are the top share of tokens by entropy, or tokens above a fixed entropy.")
+                               doc="Unsure tokens (marked ▾) are the top share by entropy above a minimum, or "
+                                   "every token above a fixed entropy.")
     fork_q = param.Number(default=DEFAULT_Q, bounds=(0.01, 1.0), step=0.01,
-                          doc="Share of tokens (by entropy) that are forks: TRL's top_entropy_quantile.")
-    fork_abs = param.Number(default=0.5, bounds=(0.0, 10.0), step=0.05, doc="Absolute fork threshold, nats.")
+                          doc="Top share: the share of the scope's tokens (by entropy) that may be marked, "
+                              "TRL's top_entropy_quantile.")
+    fork_min = param.Number(default=DEFAULT_MIN_ENTROPY, bounds=(0.0, 10.0), step=0.05,
+                            doc="Top share: the least entropy (nats) a marked token has; 0 gives TRL's rule alone.")
+    fork_abs = param.Number(default=DEFAULT_MIN_ENTROPY, bounds=(0.0, 10.0), step=0.05,
+                            doc="Absolute: the fork threshold, nats.")
     fork_scope = param.Selector(default="run", objects=list(SCOPES),
-                                doc="Whose token entropies set the quantile: the rollout's run, its training "
-                                    "step, or the rollouts the table's filter keeps.")
+                                doc="Top share: whose token entropies set the quantile: the run of the rollout's "
+                                    "tree root, its training step, or the rollouts the table's filter keeps.")
     branches_of = param.String(default="", doc="The table shows only branches (at any depth) of this rollout.")
     train_step = param.Integer(default=-1, doc="The table shows only this training step's rollouts (-1: all).")
     jump_run = param.String(default="", doc="Set to a run id to make the table show that run.")
@@ -73,7 +78,7 @@ class StudioState(Preloading, param.Parameterized):
 
     def fork_rule(self) -> ForkRule:
         return ForkRule(q=float(self.fork_q), absolute=float(self.fork_abs) if self.fork_mode == "absolute" else None,
-                        scope=self.fork_scope)
+                        scope=self.fork_scope, min_entropy=float(self.fork_min))
 
     def open_rollout(self, rollout_id: str, pos: int | None = None) -> bool:
         """Show ``rollout_id`` in the token strip and its group in the group view (and pick
