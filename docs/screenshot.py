@@ -2,7 +2,7 @@
 
 Serves ``launch.py`` on a fresh temporary store (seeded with both sample worlds, as a first launch
 seeds it), opens it in Debian's Chromium at 1440x900, opens a word-problem rollout in the token
-strip, picks its most uncertain forking token (the fork panel lists the alternatives) and hovers it (the
+strip unless the page opened on one, waits for the worker to load the policy, picks its most uncertain forking token (the fork panel lists the alternatives) and hovers it (the
 token's card), then writes the first screen as the PNG. Run it again whenever the page changes::
 
     python docs/screenshot.py            # writes docs/studio.png
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: tests.ui.harness is the project's
 
-from tests.ui.harness import CHROMIUM, FLAGS, Server  # noqa: E402
+from tests.ui.harness import CHROMIUM, FLAGS, Server, text  # noqa: E402
 
 VIEWPORT = {"width": 1440, "height": 900}
 
@@ -47,6 +47,15 @@ def show_a_fork(page) -> None:
     page.wait_for_timeout(300)
 
 
+def wait_for_the_policy(page, timeout_ms: int = 30_000) -> None:
+    """Give the worker time to load the policy, so Generate's line names its device rather than "loading…"."""
+    card = page.locator(".generate-card")
+    for _ in range(timeout_ms // 500):
+        if card.count() == 0 or "loading" not in text(card):
+            return
+        page.wait_for_timeout(500)
+
+
 def screenshot(out: Path) -> None:
     """Serve the studio on a fresh store and write its first screen to ``out``."""
     from playwright.sync_api import sync_playwright
@@ -61,6 +70,7 @@ def screenshot(out: Path) -> None:
                 page.wait_for_selector(".rollout-table .tabulator-row", timeout=90_000)
                 if page.locator(".token-strip .tok").count() == 0:
                     open_a_rollout(page)
+                wait_for_the_policy(page)
                 show_a_fork(page)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(out))
