@@ -1,8 +1,9 @@
 """Make ``docs/studio.png``, the README's picture, from the real app.
 
 Serves ``launch.py`` on a fresh temporary store (seeded with both sample worlds, as a first launch
-seeds it), opens it in Debian's Chromium at 1440x900, opens a word-problem rollout in the token
-strip unless the page opened on one, waits for the worker to load the policy, picks its most uncertain forking token (the fork panel lists the alternatives) and hovers it (the
+seeds it) and opens it in Debian's Chromium at 1440x900. With a rollout in the token strip (the one
+the page opens on, else a word problem's), once the worker has loaded the policy, it clicks the
+strip's most uncertain forking token (the fork panel lists the alternatives) and hovers it (the
 token's card), then writes the first screen as the PNG. Run it again whenever the page changes::
 
     python docs/screenshot.py            # writes docs/studio.png
