@@ -175,7 +175,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     # settings of one estimator or of forks fold away until wanted
     template.sidebar.extend([
         info,
-        section("Rollouts"), table.controls,
+        section("Rollouts"), pn.Column(table.controls, css_classes=["table-filters"], sizing_mode="stretch_width",
+                                       margin=0),
         section("Colour tokens by"), channel, version_picker(state),
         pn.Card(fork_controls(state), title="Fork markers", collapsed=True, css_classes=["fork-card"], **group),
         pn.Card(credit_controls(state), title="Advantages & steps", collapsed=True, css_classes=["credit-card"],
