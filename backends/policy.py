@@ -23,6 +23,26 @@ from .device import pick_device
 from .types import Generation, PolicyLoadError, check_policy_folder, is_policy_url
 
 
+@functools.cache
+def _cache_name() -> str:
+    """The name of a causal LM's KV cache, as a forward argument and in its output: ``cache``
+    since transformers renamed it (``past_key_values`` is deprecated there), ``past_key_values``
+    in the 5.x releases before."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_kwargs(past) -> dict:
+    """The forward keyword argument that continues from the KV cache ``past``."""
+    return {_cache_name(): past}
+
+
+def kv_cache(out):
+    """The KV cache a forward with ``use_cache=True`` returned."""
+    return out[_cache_name()]
+
+
 def token_texts(tokenizer, seqs: list[list[int]], window: int = 4) -> list[list[str]]:
     """Display text of every token of every sequence; special tokens keep their names.
 
@@ -127,7 +147,7 @@ def sample_batch(model, tokenizer, prompts: list[str], n: int = 1, temperature: 
                                                             pos, done, 0, temperature, top_p, gen, top_k_stats))
     # the prompt is encoded once and its KV cache shared by its n samples (a group costs one prefill)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-    past = out.past_key_values
+    past = kv_cache(out)
     first = out.logits[:, -1, :].float()
     if n > 1:
         past.batch_repeat_interleave(n)
@@ -171,8 +191,8 @@ def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, 
             logits = first_logits
         else:
             out = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos,
-                        past_key_values=past, use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
+                        **cache_kwargs(past), use_cache=True, logits_to_keep=1)
+            past = kv_cache(out)
             logits = out.logits[:, -1, :].float()  # [b, V]
         logp = torch.log_softmax(logits, dim=-1)  # [b, V]
         probs = logp.exp()
@@ -257,7 +277,7 @@ def branch_batch(model, tokenizer, prompt: str, prefix_ids: list[int], choices: 
     stop = torch.tensor(_stop_ids(model, tokenizer), device=device)
     done = torch.isin(fork_tok, stop)
 
-    past = out.past_key_values
+    past = kv_cache(out)
     past.batch_repeat_interleave(B)
     L = ids.shape[1]
     attn = torch.ones(B, L + 1, dtype=torch.long, device=device)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .policy import cache_kwargs, kv_cache
+
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 
 
@@ -159,11 +161,11 @@ def _shared_prompt_logits(model, prompts, row_prompt: list[int], completion_ids,
     c_ids, c_attn = _right_padded(completion_ids, C, pad_id, device)
     if C == 1:
         return first[:, None], c_ids, c_attn
-    past = out.past_key_values
+    past = kv_cache(out)
     past.batch_select_indices(rows)  # the prompts' keys and values, one copy per row (differentiable)
     attn = torch.cat([p_attn[rows], c_attn[:, :-1]], 1)
     pos = p_attn.sum(-1)[rows][:, None] + torch.arange(C - 1, device=device)[None]
-    rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, past_key_values=past).logits.float()
+    rest = model(input_ids=c_ids[:, :-1], attention_mask=attn, position_ids=pos, **cache_kwargs(past)).logits.float()
     return torch.cat([first[:, None], rest], 1), c_ids, c_attn
 
 

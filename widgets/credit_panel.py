@@ -20,13 +20,17 @@ from .base.clickable import ClickableHTML
 from .base.jobs import Job, failure
 from .base.lazy import LazyView
 from .base.pickers import run_choices
-from .base.plots import holoviews, plot_opts
+from .base.plots import LEGEND_TOP, holoviews, plot_opts, step_ticks
 from .base.state import StudioState
 from .base.style import CSS, SCALES, banner, esc
 from .rule_panel import DIFF_CSS
 from .token_strip import strip_html
 
 NONE = "(none)"
+# the tab's tables fit their column: fixed number columns, the prompt cut with an ellipsis
+FIT_CSS = """
+table.diff.fit th.num { width:62px; } table.diff.fit th.flags { width:24px; } table.diff.fit th.band { width:96px; }
+"""
 
 
 def stored_sources(store) -> dict[str, list[str]]:
@@ -109,14 +113,15 @@ class CreditView(LazyView):
         labels = {e.label: k for k, e in ESTIMATORS.items()}
         self._summary = pn.pane.HTML("", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
                                      css_classes=["estimator-compare"])
-        self._scatter = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=270)
-        self._movers = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+        self._scatter = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=300)
+        self._movers = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS, FIT_CSS], sizing_mode="stretch_width",
                                      css_classes=["estimator-movers"])
         self._movers.on_click(self._on_click)
         self._token_diff = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                         css_classes=["token-diff"])
         self._zero = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=230)
-        self._prompts = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+        self._zero_note = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["all-equal"])
+        self._prompts = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS, FIT_CSS], sizing_mode="stretch_width",
                                       css_classes=["prompt-stats"])
         self._prompts.on_click(self._on_click)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["step-status"])
@@ -150,9 +155,12 @@ class CreditView(LazyView):
             flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width", css_classes=["compute-row"])
         self._layout = pn.Column(
             controls, compute, self._status,
-            pn.Row(pn.Column(self._summary, self._scatter, styles={"flex": "1 1 34%"}),
-                   pn.Column(self._movers, self._token_diff, styles={"flex": "1 1 33%"}),
-                   pn.Column(self._zero, self._prompts, styles={"flex": "1 1 33%"}), sizing_mode="stretch_width"),
+            # two columns that wrap below each other when narrow; the tables cut long prompts with an ellipsis
+            pn.FlexBox(pn.Column(self._summary, self._scatter, self._zero_note, self._zero,
+                                 styles={"flex": "1 1 400px", "min-width": "0"}),
+                       pn.Column(self._movers, self._token_diff, self._prompts,
+                                 styles={"flex": "1 1 440px", "min-width": "0"}),
+                       flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
         self._refresh()
 
@@ -213,34 +221,57 @@ class CreditView(LazyView):
         hv = holoviews()
         if len(both):
             lim = float(max(both["adv_a"].abs().max(), both["adv_b"].abs().max(), 1e-6)) * 1.05
-            self._scatter.object = (hv.Curve([(-lim, -lim), (lim, lim)]).opts(color="#adb5bd", line_dash="dashed")
-                                    * hv.Scatter(both, "adv_a", ["adv_b", "sign_flip"]).opts(
-                **plot_opts(title="per rollout: B vs A", xlabel=f"A: {ESTIMATORS[a.estimator].label}",
-                        ylabel=f"B: {ESTIMATORS[b.estimator].label}", size=4, alpha=0.4, height=260,
-                        color="sign_flip", cmap={True: "#c92a2a", False: "#3b5bdb"})))
+            x, y = ("adv_a", f"A: {ESTIMATORS[a.estimator].label}"), ("adv_b", f"B: {ESTIMATORS[b.estimator].label}")
+            layers = [hv.Curve([(-lim, -lim), (lim, lim)], x, y).opts(color="#adb5bd", line_dash="dashed")]
+            for label, flip, color in (("same sign", False, "#3b5bdb"), ("sign flip", True, "#c92a2a")):
+                part = both[both["sign_flip"] == flip]
+                if len(part):
+                    layers.append(hv.Scatter(part, x, y, label=label).opts(color=color, size=4, alpha=0.5))
+            self._scatter.object = hv.Overlay(layers).opts(**plot_opts(
+                title="Per rollout: advantage B against A", height=290, tools=["hover"], **LEGEND_TOP))
         else:
             self._scatter.object = None
-        top = both.head(12)
+        top = both.head(12)  # the largest |B − A| first
         rows = "".join(
             f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}"><td class="mono">{esc(r.prompt)}</td>'
             f'<td>{r.reward:.3f}</td><td>{r.adv_a:+.3f}</td><td>{r.adv_b:+.3f}</td><td><b>{r.diff:+.3f}</b></td>'
             f'<td>{"⇅" if r.sign_flip else ""}{"↕" if r.rank_change else ""}</td></tr>' for r in top.itertuples())
         self._movers.object = (f'<div class="meta-line"><b>largest changes</b> (click to open; ⇅ sign flip, ↕ rank change)</div>'
-                               f'<table class="diff"><tr><th>prompt</th><th>reward</th><th>A</th><th>B</th><th>B − A</th>'
-                               f'<th></th></tr>{rows}</table>')
+                               f'<table class="diff fit"><tr><th>prompt</th><th class="num">reward</th>'
+                               f'<th class="num">A</th><th class="num">B</th><th class="num">B − A</th>'
+                               f'<th class="flags"></th></tr>{rows}</table>')
         self._token_diff.object = self._token_diff_html(a, b)
-        if len(zero):
-            self._zero.object = hv.Bars(zero, "step", ["all_equal_share", "groups"]).opts(
-                **plot_opts(title="share of all-equal groups per training step", ylabel="all-equal share",
-                        color="#f08c00", height=220, ylim=(0, 1), tools=["hover"]))
+        self._show_all_equal(zero)
         bands = ps["band"].value_counts()
         brow = " · ".join(f"{esc(k)} <b>{int(bands.get(k, 0))}</b>" for k in
                           ("never solved", "hard", "medium", "easy", "always solved"))
         prow = "".join(f'<tr><td class="mono">{esc(r.prompt)}</td><td>{r.n}</td><td>{r.pass_rate:.2f}</td>'
                        f'<td>{r.reward_var:.3f}</td><td>{esc(r.band)}</td></tr>' for r in ps.head(10).itertuples())
         self._prompts.object = (f'<div class="meta-line"><b>difficulty bands</b> (pass rate per prompt): {brow}</div>'
-                                f'<table class="diff"><tr><th>prompt (highest reward variance first)</th><th>n</th>'
-                                f'<th>pass</th><th>var</th><th>band</th></tr>{prow}</table>')
+                                f'<table class="diff fit"><tr><th>prompt (highest reward variance first)</th>'
+                                f'<th class="num">n</th><th class="num">pass</th><th class="num">var</th>'
+                                f'<th class="band">band</th></tr>{prow}</table>')
+
+    def _show_all_equal(self, zero) -> None:
+        """Groups whose rewards are all equal (no learning signal): a curve over the training
+        steps, or one line for a run without steps (a single batch)."""
+        if len(zero) < 2:
+            share = f"{float(zero['all_equal_share'].iloc[0]):.0%}" if len(zero) else "–"
+            groups = int(zero["groups"].iloc[0]) if len(zero) else 0
+            self._zero_note.object = (f'<div class="meta-line"><b>all-equal groups</b><span><b>{share}</b> of '
+                                      f'{groups:,} groups: every completion has the same reward, so no learning '
+                                      'signal</span></div>')
+            self._zero.visible = False
+            return
+        hv = holoviews()
+        step, share = ("step", "training step"), ("all_equal_share", "share of groups")
+        groups = ("groups", "groups")
+        self._zero_note.object = ""
+        self._zero.visible = True
+        self._zero.object = (hv.Curve(zero, step, [share, groups]).opts(color="#f08c00", line_width=2)
+                             * hv.Scatter(zero, step, [share, groups]).opts(color="#f08c00", size=5)).opts(
+            **plot_opts(title="All-equal groups per step", ylabel="share of groups", xlabel="training step",
+                        height=220, ylim=(0, 1), tools=["hover"], **step_ticks()))
 
     def _token_diff_html(self, a: Credit, b: Credit) -> str:
         st = self.state

@@ -54,6 +54,7 @@ table.exports td, table.exports th { padding:2px 6px; text-align:left; border-to
 table.exports th { color:#868e96; font-size:11px; }
 """
 KEYS = {"a": "accept", "r": "reject", "s": "swap", "j": "next", "k": "previous"}
+WRAP_BUTTON = ".bk-btn { white-space:normal; overflow-wrap:anywhere; height:auto; text-align:left; }"
 
 
 def components_html(comps: dict[str, float | None]) -> str:
@@ -115,8 +116,8 @@ class CurationPanel(LazyView):
                                     css_classes=["review-counts"])
         self._card = pn.pane.HTML("", stylesheets=[CSS, REVIEW_CSS], sizing_mode="stretch_width",
                                   css_classes=["pair-card"])
-        self._note = pn.widgets.TextInput(name="", placeholder="note on this pair (Enter saves)", width=330,
-                                          css_classes=["pair-note"])
+        self._note = pn.widgets.TextInput(name="", placeholder="note on this pair (Enter saves)", min_width=200,
+                                          sizing_mode="stretch_width", css_classes=["pair-note"])
         self._note.param.watch(self._on_note, "enter_pressed")
         buttons = {}
         for key, (label, kind) in {"a": ("Accept", "success"), "r": ("Reject", "danger"), "s": ("Swap", "default"),
@@ -147,10 +148,13 @@ class CurationPanel(LazyView):
         self._export = pn.widgets.Button(name="Export accepted", color="primary", width=150,
                                          css_classes=["export-button"])
         self._export.on_click(self._on_export)
+        # a long file name wraps inside its button rather than running out of it
         self._download = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="nothing.jsonl", visible=False,
-                                                 color="success", width=300, css_classes=["export-download"])
+                                                 color="success", width=330, css_classes=["export-download"],
+                                                 stylesheets=[WRAP_BUTTON])
         self._download_prov = pn.widgets.FileDownload(file=io.BytesIO(b""), filename="provenance.json", visible=False,
-                                                      color="light", width=300, css_classes=["export-provenance"])
+                                                      color="light", width=330, css_classes=["export-provenance"],
+                                                      stylesheets=[WRAP_BUTTON])
         self._export_msg = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width",
                                         css_classes=["export-message"])
         self._exports = pn.pane.HTML("", stylesheets=[CSS, REVIEW_CSS], sizing_mode="stretch_width",
@@ -171,7 +175,9 @@ class CurationPanel(LazyView):
             pn.Row(pn.widgets.Select.from_param(self.param.show, name="queue", width=150, css_classes=["review-show"]),
                    pn.Column(pn.Spacer(height=18), self._counts), sizing_mode="stretch_width"),
             self._progress,
-            pn.Row(buttons["a"], buttons["r"], buttons["s"], buttons["k"], buttons["j"], self._note),
+            pn.FlexBox(buttons["a"], buttons["r"], buttons["s"], buttons["k"], buttons["j"],
+                       pn.Row(self._note, styles={"flex": "1 1 220px", "min-width": "0"}, margin=0),
+                       flex_wrap="wrap", align_items="center", sizing_mode="stretch_width"),
             self._keys, self._card, sizing_mode="stretch_width", css_classes=["curation-review"])
         self._layout = pn.Row(build, review, sizing_mode="stretch_width", css_classes=["curation-panel"])
         self._sync_choices()

@@ -47,8 +47,12 @@ def landscape_plots(ls: forks.Landscape):
     """Four HoloViews plots of a :class:`studio.queries.forks.Landscape`."""
     hv = holoviews()
     thr = ls.threshold.value
-    hist = hv.Histogram((ls.hist_edges, np.where(ls.hist_counts > 0, ls.hist_counts, np.nan)), kdims=["entropy (nats)"], vdims=["tokens"]).opts(
-        **plot_opts(color=ENTROPY_COLOR, line_color="white", logy=True, title="Token entropies (log count)"))
+    counts = np.where(ls.hist_counts > 0, ls.hist_counts, np.nan)  # an empty bin is no bar (log axis)
+    top = float(np.nanmax(counts)) if np.isfinite(counts).any() else 1.0
+    hist = hv.Histogram((ls.hist_edges, counts), kdims=["entropy (nats)"], vdims=["tokens"]).opts(
+        # the log axis starts under one token: bars grow from there, not from 0 (which a log axis cannot show)
+        **plot_opts(color=ENTROPY_COLOR, line_color="white", logy=True, ylim=(0.5, top * 2),
+                    title="Token entropies (log count)"))
     if thr is not None:
         hist = hist * hv.VLine(thr).opts(color=THRESHOLD_COLOR, line_dash="dashed", line_width=2)
     pos = hv.Curve(ls.by_pos, "pos", "mean_entropy").opts(
@@ -134,20 +138,35 @@ class EntropyLandscape(LazyView):
         return self._layout
 
 
+def distinct_changes(df: pd.DataFrame, n: int = 20) -> pd.DataFrame:
+    """The ``n`` largest entropy changes, one row per token in its context: a group's rollouts
+    share their first tokens, so the same token at the same place with the same change would
+    otherwise fill the table; ``rollouts`` counts how many rollouts have it."""
+    if df.empty:
+        return df.assign(rollouts=pd.Series(dtype=int))
+    key = ["pos", "context", "token_text", df["delta"].round(4).rename("d4")]
+    first = df.groupby(key, sort=False, dropna=False)
+    out = first.head(1).copy()
+    out["rollouts"] = first["rollout_id"].transform("size").loc[out.index].to_numpy()
+    return out.head(n)
+
+
 def changes_html(df: pd.DataFrame) -> str:
-    """Tokens with the largest entropy change as a clickable table (click: open at that token)."""
+    """Tokens with the largest entropy change (:func:`distinct_changes`) as a clickable table
+    (click: open the first rollout with it at that token)."""
     if df.empty:
         return '<div class="empty">No re-scored tokens in this scope yet.</div>'
     rows = []
     for r in df.itertuples(index=False):
         tok = esc(token_display(r.token_text)[0].translate(VISIBLE_WS))
-        ctx = esc((r.context or "")[-12:])
+        ctx = esc((r.context if isinstance(r.context, str) else "")[-12:])  # the first token has none
         rows.append(f'<tr class="dh-row" data-click="token" data-value="{esc(r.rollout_id)}:{int(r.pos)}">'
-                    f'<td class="ctx">…{ctx}<b>{tok}</b></td><td>{int(r.pos)}</td>'
+                    f'<td class="ctx">…{ctx}<b>{tok}</b></td><td>{int(r.pos)}</td><td>{int(r.rollouts)}</td>'
                     f'<td>{num(r.entropy_a)}</td><td>{num(r.entropy_b)}</td>'
                     f'<td>{chip(r.delta, SCALES["advantage"])}</td><td>{num(np.exp(r.logprob_a))} → {num(np.exp(r.logprob_b))}</td></tr>')
-    return ('<table class="dh"><tr><th>token in context</th><th>pos</th><th>H stored (A)</th><th>H other (B)</th>'
-            '<th>ΔH = B − A</th><th>p(token) A → B</th></tr>' + "".join(rows) + "</table>")
+    return ('<table class="dh"><tr><th>token in context</th><th>position</th><th>rollouts</th>'
+            '<th>entropy A</th><th>entropy B</th>'
+            '<th>change B − A</th><th>p(token) A → B</th></tr>' + "".join(rows) + "</table>")
 
 
 class PolicyCompare(LazyView):
@@ -177,12 +196,13 @@ class PolicyCompare(LazyView):
         self._pick = pn.widgets.Select(name="Policy B", options={}, width=260, css_classes=["compare-pick"])
         self._policies_at: int | None = None
         self._pick.param.watch(lambda e: e.new and self.param.update(policy=e.new), "value")
-        controls = pn.Row(
+        controls = pn.FlexBox(
             self._pick,
-            pn.widgets.TextInput.from_param(self.param.policy, name="or any policy folder", width=380,
+            pn.widgets.TextInput.from_param(self.param.policy, name="or any policy folder", width=340,
                                             css_classes=["compare-policy"]),
             pn.widgets.Select.from_param(self.param.scope, name="Rollouts", width=200),
-            pn.Column(pn.Spacer(height=18), self._go),
+            pn.Column(pn.Spacer(height=18), self._go, margin=0),
+            flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width",
         )
         note = pn.pane.HTML('<div class="meta-line"><span>A = the policy that sampled each rollout (stored statistics); '
                             'B = the folder above, teacher-forced on the same tokens. The shipped early checkpoint '
@@ -263,7 +283,7 @@ class PolicyCompare(LazyView):
                     colorbar=True, height=300, width=380, responsive=False))
         diag = hv.Curve([(0, 0), (lim, lim)]).opts(color="#adb5bd", line_dash="dotted")
         self._plot.object = sc * diag
-        self._table.object = changes_html(df.head(20))
+        self._table.object = changes_html(distinct_changes(df))
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind != "token" or ":" not in value:

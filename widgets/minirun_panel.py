@@ -34,7 +34,7 @@ from widgets.forms import widget_for
 
 from .base.jobs import Job, failure
 from .base.lazy import LazyView
-from .base.plots import holoviews, plot_opts
+from .base.plots import holoviews, plot_opts, step_ticks
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
 
@@ -89,6 +89,13 @@ def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
             f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table>')
 
 
+def legend_html(runs: list[tuple[str, str, str]]) -> str:
+    """The overlaid runs' colours, named once above their curves (``runs``: name, run id, colour)."""
+    items = "".join(f'<span><span class="swatch" style="background:{color}"></span>{esc(name)} '
+                    f'<span class="muted">· {esc(rid[-6:])}</span></span>' for name, rid, color in runs)
+    return f'<div class="meta-line run-legend">{items}</div>'
+
+
 class MiniRunPanel(LazyView):
     """Start, watch, stop, resume and compare mini-runs."""
 
@@ -136,6 +143,7 @@ class MiniRunPanel(LazyView):
         self._progress = pn.indicators.Progress(value=0, max=100, bar_color="primary", sizing_mode="stretch_width",
                                                 height=14, css_classes=["run-progress"])
         self._curves = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=560, css_classes=["run-curves"])
+        self._legend = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", margin=(0, 10))
         self._table = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", css_classes=["run-summary"])
         self._jump_step = pn.widgets.IntInput(name="step", value=1, start=1, width=90, css_classes=["jump-step"])
         self._jump = pn.widgets.Button(name="Show this step's rollouts", width=200, css_classes=["jump-button"])
@@ -165,11 +173,12 @@ class MiniRunPanel(LazyView):
         evaluation = pn.Column(
             pn.pane.HTML('<div class="meta-line"><b>evaluate two policies</b> (accuracy over 4 samples at '
                          'temperature 1, pass@4, greedy accuracy, length, entropy)</div>', stylesheets=[CSS]),
-            pn.Row(self._eval_a, self._eval_b, pn.Column(pn.Spacer(height=18), self._eval_go)), self._eval_out,
+            pn.FlexBox(self._eval_a, self._eval_b, pn.Column(pn.Spacer(height=18), self._eval_go, margin=0),
+                       flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width"), self._eval_out,
             sizing_mode="stretch_width")
         self._layout = pn.Row(
             form,
-            pn.Column(watch, self._status, self._progress, self._curves, self._table,
+            pn.Column(watch, self._status, self._progress, self._legend, self._curves, self._table,
                       pn.Row(self._jump_step, pn.Column(pn.Spacer(height=18), self._jump)), evaluation,
                       sizing_mode="stretch_width"),
             sizing_mode="stretch_width", css_classes=["minirun-panel"])
@@ -267,7 +276,9 @@ class MiniRunPanel(LazyView):
         self._message.object = banner("info", "started: the first step appears in a few seconds.")
         self._sync_runs()
         label = next(k for k, v in self._run_ids.items() if v == run_id)
-        self.param.update(watched=label, compared=list(dict.fromkeys([label, *self.compared]))[:4])
+        # the run watched until now stays on the plots: the new run's curves grow over the previous ones
+        before = [c for c in (self.watched, *self.compared) if c and c != label]
+        self.param.update(watched=label, compared=list(dict.fromkeys([label, *before]))[:4])
         self._tick()
 
     def _on_stop(self, event=None) -> None:
@@ -369,29 +380,31 @@ class MiniRunPanel(LazyView):
         if self.watched_id() and self.watched_id() not in ids:
             ids = [self.watched_id(), *ids]
         if not ids:
-            self._curves.object, self._table.object = None, ""
+            self._curves.object, self._table.object, self._legend.object = None, "", ""
             return
         df = minirun.metrics(self.state.store, ids)
         if df.empty:
-            self._curves.object, self._table.object = None, ""
+            self._curves.object, self._table.object, self._legend.object = None, "", ""
             return
         hv = holoviews()
         colors = {r: PALETTE[i % len(PALETTE)] for i, r in enumerate(ids)}
         self._table.object = summary_html(minirun.summary(self.state.store, ids), colors)
         names = dict(zip(df["run_id"], df["run"]))
         plots = []
+        step = ("train_step", "training step")
         for m in CURVES:
             sub = df[df["metric"] == m]
-            layers = [hv.Curve(sub[sub["run_id"] == r], "train_step", ("value", LABELS[m]),
-                               label=f"{names.get(r, r)} · {r[-6:]}").opts(color=colors[r], line_width=2)
-                      * hv.Scatter(sub[sub["run_id"] == r], "train_step", "value").opts(color=colors[r], size=4)
+            value = ("value", LABELS[m])
+            layers = [hv.Curve(sub[sub["run_id"] == r], step, value).opts(color=colors[r], line_width=2)
+                      * hv.Scatter(sub[sub["run_id"] == r], step, value).opts(color=colors[r], size=4)
                       for r in ids if (sub["run_id"] == r).any()]
             if not layers:
                 continue
+            # no legend inside the plots (it covered the curves): the runs' colours are named above them
             ov = hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
-                                                 show_legend=m == "reward_mean", legend_position="bottom_right",
-                                                 tools=["hover", "tap"]))
+                                                 show_legend=False, tools=["hover", "tap"], **step_ticks()))
             plots.append(ov)
+        self._legend.object = legend_html([(names[r], r, colors[r]) for r in ids if r in names])
         layout = hv.Layout(plots).cols(3).opts(shared_axes=False)
         watched = self.watched_id()
         tap = hv.streams.Tap(source=plots[0], x=None)

@@ -29,6 +29,21 @@ table.tl td.num { text-align:right; }
 """
 
 
+def no_timeline_text(steps: int, config: dict | None, search: str = "") -> str:
+    """Why a run with ``steps`` training steps has no prompt sampled at 2+ of them. For a
+    mini-run (its settings in ``config``) with the numbers: a pool is drawn a pass at a time,
+    so no prompt comes back before steps × prompts per step pass the pool's size."""
+    if search:
+        return f"No prompt of this run containing {search!r} was sampled at 2+ steps."
+    n, per = (config or {}).get("n_prompts"), (config or {}).get("prompts_per_step")
+    if not n or not per:
+        return "No prompt of this run was sampled at 2+ steps: each step drew different prompts."
+    drawn = steps * per
+    return (f"No prompt of this run was sampled at 2+ steps: its {steps} steps drew {drawn:,} prompts from a pool "
+            f"of {n:,} (n_prompts), a pass at a time, so none has come back yet. A mini-run whose steps × prompts "
+            f"per step pass its pool's size (the defaults: 50 × 8 over 128) gives every prompt a timeline.")
+
+
 def fmt_p(p: float) -> str:
     """A p-value as the summary prints it."""
     if p is None or pd.isna(p):

@@ -16,6 +16,7 @@ HTML ``widgets.timeline_html``'s.
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +24,7 @@ import pandas as pd
 import panel as pn
 import param
 
+from studio.queries import lookups
 from studio.queries import timeline as tl
 from studio.queries.timeline import Side
 from studio.store import StoreError
@@ -34,7 +36,7 @@ from .base.pickers import run_choices, set_choices
 from .base.plots import holoviews
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
-from .timeline_html import TL_CSS, fmt_num, movers_html, prompt_info_html, steps_html, summary_html
+from .timeline_html import TL_CSS, fmt_num, movers_html, no_timeline_text, prompt_info_html, steps_html, summary_html
 from .timeline_plots import PLOT_H, SCATTER_H, diff_scatter, entropy_plot, length_plot, reward_plot, scatter_points
 
 WHOLE_RUN = "whole run"
@@ -73,6 +75,7 @@ class TimelinePanel(LazyView):
         self._diff: tl.RunDiff | None = None
         self._jobs: dict[str, Job] = collections.defaultdict(Job)  # request kind -> its job (the newest wins)
         self._run_steps: dict[str, list[int]] = {}  # run id -> its training steps (until the store changes)
+        self._step_count: dict[str, int] = {}  # timeline run id -> how many training steps it has
         self._spans: dict = {}  # the step marker's Bokeh spans in the plots on screen
         self._loaded = False
         kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
@@ -93,11 +96,13 @@ class TimelinePanel(LazyView):
             return pn.pane.HTML(f'<div class="tl-head">{esc(title)}</div>', stylesheets=[TL_CSS], margin=(6, 10, 0, 10))
         timeline = pn.Column(
             head("Timeline: one prompt across training steps"),
-            pn.Row(pick(self.param.run, "Run (2+ training steps)", 300, "timeline-run"),
-                   pn.widgets.TextInput.from_param(self.param.search, name="Search prompts", width=200,
-                                                   placeholder="text in the prompt", css_classes=["timeline-search"]),
-                   pick(self.param.prompt, "Prompt (most steps, biggest change first)", 480, "timeline-prompt"),
-                   pick(self.param.step, "Step", 120, "timeline-step")),
+            pn.FlexBox(pick(self.param.run, "Run (2+ training steps)", 300, "timeline-run"),
+                       pn.widgets.TextInput.from_param(self.param.search, name="Search prompts", width=200,
+                                                       placeholder="text in the prompt",
+                                                       css_classes=["timeline-search"]),
+                       pick(self.param.prompt, "Prompt (most steps, biggest change first)", 440, "timeline-prompt"),
+                       pick(self.param.step, "Step", 120, "timeline-step"),
+                       flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width"),
             self._prompt_info, self._plot, self._step_list, sizing_mode="stretch_width")
         diff = pn.Column(
             head("Run diff: side A against side B on shared prompts"),
@@ -145,6 +150,7 @@ class TimelinePanel(LazyView):
         self._run_steps = dict(steps)
         self._runs = {f"{r.name} · {r.kind} · {r.steps} steps · {r.run_id[-6:]}": r.run_id
                       for r in runs.itertuples()}
+        self._step_count = {r.run_id: int(r.steps) for r in runs.itertuples()}
         self._all_runs = every
         first_time = not self._loaded
         self._loaded = True
@@ -302,13 +308,19 @@ class TimelinePanel(LazyView):
             self._plot.visible = False
             self._step_list.object = ""
             msg = ("No run has rollouts at 2+ training steps yet: mini-runs and imported training runs do."
-                   if not self._runs else "No prompt of this run was sampled at 2+ steps." if run_id else "")
+                   if not self._runs else self._why_no_prompt(run_id) if run_id else "")
             self._prompt_info.object = f'<div class="empty">{esc(msg)}</div>' if msg else ""
             return
         self._background("timeline", lambda: (tl.prompt_timeline(self.state.store, pid, run_id, rv),
                                               tl.prompt_text(self.state.store, pid)),
                          lambda res: self._show_timeline(*res),
                          lambda msg: setattr(self._prompt_info, "object", banner("error", msg)))
+
+    def _why_no_prompt(self, run_id: str) -> str:
+        """Why the run's prompt list is empty (``timeline_html.no_timeline_text``, with its settings)."""
+        row = lookups.run_state(self.state.store, run_id)
+        config = json.loads(row["config"]) if row is not None and isinstance(row["config"], str) else None
+        return no_timeline_text(self._step_count.get(run_id, 0), config, self.search)
 
     def _show_timeline(self, df: pd.DataFrame, text: str | None) -> None:
         with pn.io.hold():  # the prompt's line, its step picker and its plots reach the browser together

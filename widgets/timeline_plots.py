@@ -7,7 +7,7 @@ import pandas as pd
 
 from studio.queries import timeline as tl
 
-from .base.plots import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, holoviews, plot_opts
+from .base.plots import BAD_COLOR, ENTROPY_COLOR, LEGEND_TOP, OK_COLOR, holoviews, plot_opts, step_ticks
 from .base.style import ACCENT
 
 MAX_SCATTER = 5000  # points drawn in the diff scatter (a seeded sample past it; movers always drawn)
@@ -15,11 +15,6 @@ LENGTH_COLOR = "#495057"
 STEP_COLOR = "#1f2937"
 TIE_COLOR = "#adb5bd"
 PLOT_H, SCATTER_H = 270, 400
-# legends above the plot, in a row: inside they cover the points that matter
-LEGEND_TOP = {"show_legend": True, "legend_position": "top", "legend_cols": 4,
-              "legend_opts": {"label_text_font_size": "8.5pt", "padding": 2, "spacing": 6, "margin": 0,
-                              "glyph_width": 16, "border_line_alpha": 0}}
-
 
 
 def step_line(step: int | None, spans: dict | None):
@@ -36,13 +31,15 @@ def step_line(step: int | None, spans: dict | None):
 
 
 X = ("train_step", "training step")
+WITH_TOKENS = ("with_tokens", "completions with tokens")
 
 
 def reward_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
     """Mean reward with the min–max band of the step's completions, the accuracy share and
     the all-equal steps (hollow red), over the training steps."""
     hv = holoviews()
-    hover = ["reward_min", "reward_max", "accuracy", "n"]
+    hover = [("reward_min", "lowest reward"), ("reward_max", "highest reward"), ("accuracy", "accuracy share"),
+             ("n", "completions")]
     eq = df[df["all_equal"].eq(True)]  # an object column: True, False or None (unscored)
     flat = [hv.Scatter(eq, X, [("reward_mean", "reward")], label="all equal").opts(
         fill_color="white", line_color=BAD_COLOR, marker="circle", size=9, line_width=1.5)] if len(eq) else []
@@ -55,7 +52,7 @@ def reward_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = 
                                                                          line_dash="dashed"),
         *flat, step_line(step, spans)]).opts(
         **plot_opts(title="Reward over steps", ylabel="reward · accuracy share", xlabel="training step", height=PLOT_H,
-                padding=(0.03, 0.08), **LEGEND_TOP))
+                padding=(0.03, 0.08), **LEGEND_TOP, **step_ticks()))
 
 
 def entropy_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
@@ -64,11 +61,11 @@ def entropy_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None =
     hv = holoviews()
     none = df["entropy"].isna().all()
     return hv.Overlay([
-        hv.Curve(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, line_width=2),
-        hv.Scatter(df, X, [("entropy", "nats"), "with_tokens"]).opts(color=ENTROPY_COLOR, size=5, tools=["hover"]),
+        hv.Curve(df, X, [("entropy", "nats"), WITH_TOKENS]).opts(color=ENTROPY_COLOR, line_width=2),
+        hv.Scatter(df, X, [("entropy", "nats"), WITH_TOKENS]).opts(color=ENTROPY_COLOR, size=5, tools=["hover"]),
         step_line(step, spans)]).opts(
-        **plot_opts(title="Mean token entropy: no tokens stored" if none else "Mean token entropy (nats)",
-                ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08)))
+        **plot_opts(title="Token entropy: none stored" if none else "Mean token entropy",
+                ylabel="nats", xlabel="training step", height=PLOT_H, padding=(0.03, 0.08), **step_ticks()))
 
 
 def length_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = None):
@@ -79,7 +76,7 @@ def length_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = 
         hv.Scatter(df, X, [("length", "tokens")]).opts(color=LENGTH_COLOR, size=5, tools=["hover"]),
         step_line(step, spans)]).opts(
         **plot_opts(title="Mean completion length", ylabel="tokens", xlabel="training step", height=PLOT_H,
-                padding=(0.03, 0.08)))
+                padding=(0.03, 0.08), **step_ticks()))
 
 
 def scatter_points(d: tl.RunDiff, movers: pd.DataFrame) -> tuple[pd.DataFrame, str]:

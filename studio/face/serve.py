@@ -61,7 +61,8 @@ How a served studio holds under load and faults (kept true with the code):
   network: the UI tests fail on any failed request, and one opens every tab and fails on any
   request that leaves loopback.
 - Worker processes watch their owner and exit when it is gone (a SIGKILLed server
-  cannot shut its pool down). They run below the server's priority
+  cannot shut its pool down). A server stopped by Ctrl-C or SIGTERM stops its live mini-runs (with a
+  checkpoint) and shuts its pool down (``stop_workers``); workers ignore SIGINT (their owner stops them). They run below the server's priority
   (``backends.device.yield_to_server``, niceness ``ROLLOUT_STUDIO_WORKER_NICE``, default 10):
   sampling, rules and training wait for pages when the cores are contended.
 - Session ids are signed (``studio.face.serve.main``: ``pn.serve(sign_sessions=True)``, a key made per start): a request that
@@ -90,6 +91,7 @@ import argparse
 import ipaddress
 import os
 import secrets
+import signal
 import sys
 import webbrowser
 from pathlib import Path
@@ -268,10 +270,33 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
     # Signed session ids (a key made per start): a page's session id is one this server made, never one
     # a request names (which would let a client pick, or guess, another person's session; a blank one
     # made Bokeh answer 500). A request naming its own id gets 403.
-    pn.serve({"/": lambda: create_app(db, policy, store=store, admins=admins)}, port=args.port, address=args.address,
-             websocket_origin=websocket_origins(args.address, args.port), show=show, title="Rollout Studio", threaded=False,
-             sign_sessions=True, secret_key=secrets.token_urlsafe(32), **auth)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        pn.serve({"/": lambda: create_app(db, policy, store=store, admins=admins)}, port=args.port,
+                 address=args.address, websocket_origin=websocket_origins(args.address, args.port), show=show,
+                 title="Rollout Studio", threaded=False, sign_sessions=True, secret_key=secrets.token_urlsafe(32),
+                 **auth)
+    except KeyboardInterrupt:  # Ctrl-C: the way to stop a server, not an error
+        print("Rollout Studio stopped", flush=True)
+    finally:
+        stop_workers()
     return 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM ends the server as Ctrl-C does: through :func:`stop_workers`, not mid-write."""
+    raise SystemExit(0)
+
+
+def stop_workers() -> None:
+    """The server is exiting: live mini-runs stop with a checkpoint, the worker pool is shut
+    down and its queues closed, so nothing is left running and nothing is printed at exit
+    (a killed process leaves its semaphores behind, which Python reports as leaked)."""
+    from studio import workers
+    from studio.runs import minirun
+
+    minirun.stop_all()
+    workers.shutdown()
 
 
 def served_by_panel() -> None:

@@ -18,7 +18,8 @@ from studio.workers.jobs import (
     value_job,
     warm_job,
 )
-from studio.workers.processes import pool, reset_pool, warm
+from studio.workers.processes import pool, reset_pool, shutdown, warm
 
 __all__ = ["TokenizerMismatch", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
-           "pool", "prm_job", "reset_pool", "sample_job", "score_job", "value_job", "warm", "warm_job"]
+           "pool", "prm_job", "reset_pool", "sample_job", "score_job", "shutdown", "value_job", "warm",
+           "warm_job"]

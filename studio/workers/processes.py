@@ -5,7 +5,8 @@ in the owner: the owner submits a job of :mod:`studio.workers.jobs` and writes w
 returns. Models are cached inside the worker (``backends.load_policy``), so a second job
 on the same policy reuses the loaded weights; :func:`warm` loads one ahead of the first
 click. A worker ends with its owner (:func:`exit_with_parent`), and a pool whose worker
-died is dropped and started again (:func:`reset_pool`).
+died is dropped and started again (:func:`reset_pool`); an owner that exits stops it
+(:func:`shutdown`). Workers ignore SIGINT (:func:`ignore_interrupts`): their owner stops them.
 """
 from __future__ import annotations
 
@@ -37,18 +38,33 @@ def note_local_device(policy: str | Path, device: str) -> None:
 
 
 def _init_worker() -> None:
-    import signal
-
+    ignore_interrupts()  # first: a Ctrl-C while torch imports must not print a traceback either
     import torch
-    from transformers.utils import logging as hf_logging
 
     from backends.device import cpu_threads, yield_to_server
 
     torch.set_num_threads(cpu_threads())  # one core stays with the server
     yield_to_server()  # and the server goes first when the cores are contended
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle, not a traceback per worker
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar in a notebook cell or a CLI's output
+    quiet_models()
     exit_with_parent()
+
+
+def ignore_interrupts() -> None:
+    """Leave SIGINT to the owner. A terminal's Ctrl-C and a notebook kernel's interrupt or
+    shutdown reach every process of the group; a worker is stopped by its owner (its pool
+    shut down, its mini-run asked to stop), so it ignores the signal instead of printing a
+    ``KeyboardInterrupt`` traceback. Called first thing in every worker process."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def quiet_models() -> None:
+    """No transformers progress bars ("Loading weights", "Writing model shards") from a worker:
+    its owner's console (a server, a notebook cell, a CLI) shows only what a user reads."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def exit_with_parent(poll_s: float = 1.0, parent: int | None = None) -> None:
@@ -93,6 +109,21 @@ def reset_pool(broken: ProcessPoolExecutor | None = None) -> None:
             _pool.shutdown(wait=False, cancel_futures=True)
             _pool = None
             _warmed.clear()
+
+
+def shutdown() -> None:
+    """Stop the pool now and close its queues (the owner is exiting): a job in flight is
+    abandoned (its worker terminated) rather than waited for, and the pool's semaphores are
+    released, so the exit leaves no process and no "leaked semaphore" warning behind."""
+    global _pool
+    with _lock:
+        ex, _pool = _pool, None
+        _warmed.clear()
+    if ex is None:
+        return
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
+    ex.shutdown(wait=True, cancel_futures=True)
 
 
 def warm(policy: str | Path | None) -> None:

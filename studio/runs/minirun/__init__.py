@@ -18,7 +18,7 @@ A killed training process (even SIGKILL) leaves no partial step: the run is mark
 policy picker can offer them.
 """
 from studio.runs.minirun.evaluation import evaluate
-from studio.runs.minirun.lifecycle import resume, start, stop
+from studio.runs.minirun.lifecycle import resume, start, stop, stop_all
 from studio.runs.minirun.reads import (
     CURVES,
     SUMMARY,
@@ -33,5 +33,5 @@ from studio.runs.minirun.registry import MiniRunBusy, RunState, capacity, live_r
 from studio.runs.minirun.steps import write_step
 
 __all__ = ["CURVES", "SUMMARY", "MiniRunBusy", "RunState", "capacity", "checkpoint_root", "checkpoints", "evaluate",
-           "last_checkpoint", "live_runs", "metrics", "miniruns", "resume", "start", "state_of", "stop", "summary",
-           "wait", "write_step"]
+           "last_checkpoint", "live_runs", "metrics", "miniruns", "resume", "start", "state_of", "stop", "stop_all",
+           "summary", "wait", "write_step"]

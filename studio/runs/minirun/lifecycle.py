@@ -5,7 +5,7 @@ The owner process (the server, or the CLI ``rollout-studio minirun``) holds the 
 as JSON), registers it (:mod:`studio.runs.minirun.registry`) and starts
 :func:`studio.runs.training.train_worker` in its own process, with a reader thread that
 stores each step (:mod:`studio.runs.minirun.steps`). :func:`stop` asks the run to end after
-the step in flight; :func:`resume` restarts a stopped, failed or killed run from its last
+the step in flight (:func:`stop_all`: every live run, as the owner exits); :func:`resume` restarts a stopped, failed or killed run from its last
 checkpoint, dropping any stored steps after it.
 """
 from __future__ import annotations
@@ -132,10 +132,14 @@ def start(store: Store, cfg: MiniRunConfig, name: str | None = None, task: str =
 
 
 def _worker_entry(*args) -> None:
+    from studio.workers.processes import ignore_interrupts, quiet_models
+
+    ignore_interrupts()  # Ctrl-C is the owner's: it stops the run with a checkpoint (stop, stop_all)
     from backends.device import yield_to_server
     from studio.runs.training import train_worker
 
     yield_to_server()  # training waits for pages, not pages for training
+    quiet_models()
     train_worker(*args)
 
 
@@ -147,6 +151,25 @@ def stop(run_id: str) -> bool:
     st.status = "stopping"
     st.stop_event.set()
     return True
+
+
+def stop_all(timeout_s: float = 20.0) -> None:
+    """The owner is exiting: ask every live run to stop (each saves a checkpoint), wait up to
+    ``timeout_s`` for them, then end the ones still going (they resume from a checkpoint)."""
+    import time
+
+    from studio.runs.minirun.registry import live_runs
+
+    live = live_runs()
+    for st in live:
+        stop(st.run_id)
+    deadline = time.monotonic() + timeout_s
+    for st in live:
+        if st.process is not None:
+            st.process.join(max(0.0, deadline - time.monotonic()))
+            if st.process.is_alive():
+                st.process.terminate()
+                st.process.join(5)
 
 
 def _prepare_resume(store: Store, run_id: str) -> tuple[str, int, str | None]:

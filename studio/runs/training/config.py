@@ -33,8 +33,9 @@ class MiniRunConfig:
     prompt_set: str = setting("medium", "training prompts: easy, medium, hard, mixed (fresh seeded draws of the sample "
                                    "task), a split of a stored prompt set (its train split when the name is not one), "
                                    "or run:<run_id> (the prompts of a stored run)")
-    n_prompts: int = setting(4096, "size of the training prompt pool (for the task's prompt sets); a small pool is "
-                              "memorised rather than learned", 1, 100_000)
+    n_prompts: int = setting(128, "size of the training prompt pool (for the task's prompt sets), drawn a pass at a "
+                              "time: 50 steps of 8 prompts see each of 128 prompts at 3 or 4 steps, so the Timeline "
+                              "tab follows them; a much smaller pool is memorised rather than learned", 1, 100_000)
     rule_version: str = setting("", "reward: a stored rule version id ('' = the task's built-in rule; a reward "
                                "model's version rm-<folder@hash> trains on its score)")
     estimator: str = setting("grpo", "advantage estimator", choices=TRAIN_ESTIMATORS)

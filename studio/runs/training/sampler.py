@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
-from studio.workers.processes import exit_with_parent
+from studio.workers.processes import exit_with_parent, ignore_interrupts, quiet_models
 
 
 def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
@@ -25,11 +25,13 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
     depend on timing. Sends ``(b, generations, prompt ids, seconds, lag)`` on the pipe end
     ``out`` (a send blocks until the trainer reads: at most one batch ahead), or
     ``("error", message)``."""
+    ignore_interrupts()  # its trainer stops it
     import torch
 
     from backends import load_policy
     from backends.device import cpu_threads
 
+    quiet_models()
     exit_with_parent(parent=parent_pid)
     try:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
