@@ -2,7 +2,7 @@
 import pytest
 
 from studio import queries
-from studio.rewards import ARITHMETIC_V1, diagnostics, reward_models, rewardlib, rules
+from studio.rewards import ARITHMETIC_V1, diagnostics, diff_views, reward_models, rewardlib, rules
 from studio.rewards.sandbox import Limits, RuleSourceError, check_source, source_sha
 from studio.tasks import Step, get_task
 
@@ -374,3 +374,95 @@ def test_new_rollouts_join_a_reward_model_version(seeded_store):
     vals = seeded_store.df("""SELECT value FROM rewards JOIN rollouts USING (rollout_id)
                               WHERE run_id = ? AND rule_version_id = ?""", [gen.run_id, rm.rule_version_id])["value"]
     assert len(vals) == 3 and vals.between(0, 1).all()
+
+
+# -- views over a diff: filters, component changes, collapsed changes ----------------------------
+
+def literal_diff() -> rules.Diff:
+    """Seven rollouts in three groups, every case a view must sort out:
+    g1 [1, 0, 0] → [1, 3, 3]: r1 keeps its reward yet its advantage turns negative; r2, r3 rise by 3
+    and turn positive (three sign flips, two changes alike);
+    g2 [1.1, 1.1] → [1.85, 1.85]: both rise by 0.75, all-equal before and after (A = 0: no flip);
+    g3 [1, 0] → [1, 1]: becomes all-equal, so both advantages go to 0 (two flips), r7 changes.
+    Components: accuracy in both (changes on r7 only), format in A only, length in B only."""
+    import pandas as pd
+
+    ids = ["r1", "r2", "r3", "r4", "r5", "r6", "r7"]
+    rows = pd.DataFrame({
+        "rollout_id": ids, "prompt": ["p1"] * 3 + ["p2"] * 2 + ["p3"] * 2, "completion": ids,
+        "group_id": ["g1"] * 3 + ["g2"] * 2 + ["g3"] * 2,
+        "reward_a": [1.0, 0.0, 0.0, 1.1, 1.1, 1.0, 0.0], "reward_b": [1.0, 3.0, 3.0, 1.85, 1.85, 1.0, 1.0],
+        "advantage_a": [1.15, -0.58, -0.58, 0.0, 0.0, 0.71, -0.71],
+        "advantage_b": [-1.15, 0.58, 0.58, 0.0, 0.0, 0.0, 0.0]})
+    rows["delta"] = rows["reward_b"] - rows["reward_a"]
+    rows["changed"] = rows["delta"].abs() > 1e-9
+    rows["sign_flip"] = [True, True, True, False, False, True, True]
+    groups = pd.DataFrame({"group_id": ["g1", "g2", "g3"], "prompt": ["p1", "p2", "p3"],
+                           "all_equal_a": [False, True, False], "all_equal_b": [False, True, True]})
+    comps = pd.DataFrame(
+        [(r, "accuracy", a, 1.0 if r == "r7" else a) for r, a in zip(ids, [1, 0, 0, 1, 1, 1, 0], strict=True)]
+        + [(r, "format", 1.0, None) for r in ids] + [(r, "length", None, -0.1) for r in ids],
+        columns=["rollout_id", "component", "value_a", "value_b"])
+    return rules.Diff("a@1", "b@2", rows, groups, comps)
+
+
+def test_diff_views_filter_on_a_literal_diff():
+    d = literal_diff()
+    ids = lambda df: df["rollout_id"].tolist()  # noqa: E731
+    assert ids(diff_views.pick(d, "changed")) == ["r2", "r3", "r4", "r5", "r7"]
+    assert ids(diff_views.pick(d, "flips")) == ["r1", "r2", "r3", "r6", "r7"]  # r1, r6: reward unchanged, flipped
+    assert ids(diff_views.pick(d, "all_equal")) == ["r6", "r7"]  # g3 became all-equal; g2 was and stays
+    assert ids(diff_views.pick(d, "all")) == ids(d.rows)
+    assert ids(diff_views.pick(d, "changed", "accuracy")) == ["r7"]
+    assert ids(diff_views.pick(d, "flips", "accuracy")) == ["r7"]
+    assert ids(diff_views.pick(d, "all", "length")) == ids(d.rows)  # a component B alone has changed everywhere
+    with pytest.raises(ValueError, match="one of changed, flips"):
+        diff_views.pick(d, "everything")
+    cc = diff_views.component_changes(d).set_index("component")
+    assert cc.loc["accuracy"].tolist() == [True, True, 1]
+    assert cc.loc["format"].tolist() == [True, False, 7] and cc.loc["length"].tolist() == [False, True, 7]
+
+
+def test_identical_changes_collapse_into_counts():
+    d = literal_diff()
+    lines = diff_views.collapse(diff_views.pick(d, "changed"))
+    # two alike most common first, the larger change (+3) before +0.75, then the single change
+    assert lines[["n", "reward_a", "reward_b", "flips"]].values.tolist() == [[2, 0.0, 3.0, 2], [2, 1.1, 1.85, 0],
+                                                                              [1, 0.0, 1.0, 1]]
+    assert lines["delta"].tolist() == pytest.approx([3.0, 0.75, 1.0])
+    assert lines["rollout_ids"].tolist() == [["r2", "r3"], ["r4", "r5"], ["r7"]]
+    assert diff_views.collapse(diff_views.pick(d, "changed").head(0)).empty
+
+
+def test_diff_views_on_a_real_diff(seeded_store):
+    """The lengthy rule against the built-in one: the sign-flip view holds exactly the rollouts
+    whose GRPO advantage changed sign, the collapsed lines cover every changed rollout once, and
+    the components say what moved (accuracy is the same check in both)."""
+    base = ARITHMETIC_V1.version_id
+    new = rules.apply_rule_sync(seeded_store, LENGTHY, "lengthy")
+    d = rules.diff(seeded_store, base, new.rule_version_id)
+    sign = lambda x: (x > 1e-9) - (x < -1e-9)  # noqa: E731
+    flipped = {r.rollout_id for r in d.rows.itertuples() if sign(r.advantage_a) != sign(r.advantage_b)}
+    assert flipped and set(diff_views.pick(d, "flips")["rollout_id"]) == flipped
+    lines = diff_views.collapse(diff_views.pick(d, "changed"))
+    assert lines["n"].sum() == len(d.changed) and len(lines) < len(d.changed)
+    listed = [rid for ids in lines["rollout_ids"] for rid in ids]
+    assert sorted(listed) == sorted(d.changed["rollout_id"])
+    cc = diff_views.component_changes(d).set_index("component")
+    assert cc.loc["accuracy", "changed"] == 0 and cc.loc["length", "changed"] == 512
+    assert not cc.loc["length", "in_a"] and not cc.loc["steps", "in_b"]
+    assert diff_views.pick(d, "changed", "accuracy").empty
+
+
+def test_comparisons_open_on_two_versions_that_scored_the_same_rollouts(seeded_store):
+    base = ARITHMETIC_V1.version_id
+    assert rules.default_pair(seeded_store) == (None, base)  # one version: nothing to compare it with
+    new = rules.apply_rule_sync(seeded_store, LENGTHY, "lengthy").rule_version_id
+    assert rules.default_pair(seeded_store) == (base, new)
+    # two newer versions over disjoint rollouts: the newest is compared with the newest that shares rollouts
+    right = rules.apply_rule_sync(seeded_store, "def reward(prompt, completion, gold, steps, **ctx):\n    return 1.0\n",
+                                  "right", scope=queries.RolloutFilter(correct=True)).rule_version_id
+    wrong = rules.apply_rule_sync(seeded_store, "def reward(prompt, completion, gold, steps, **ctx):\n    return 0.0\n",
+                                  "wrong", scope=queries.RolloutFilter(correct=False)).rule_version_id
+    assert rules.overlap(seeded_store, right, wrong) == 0 and rules.overlap(seeded_store, base, new) == 512
+    assert rules.default_pair(seeded_store) == (new, wrong)

@@ -32,6 +32,7 @@ import pandas as pd
 from studio import queries
 from studio.rewards import sandbox
 from studio.rewards.sandbox import Limits, RuleSourceError, SandboxError, check_source, source_sha
+from studio.signals.advantages import EQUAL_TOL, Credit
 from studio.store import Store
 from studio.store.records import now
 from studio.tasks import get_task
@@ -147,7 +148,7 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     Per-rollout failures are stored as a NULL ``total`` with the message and counted in the
     result. A spent budget, a killed worker or a cancel stores nothing.
     """
-    problems = _source_problems(source)
+    problems = source_problems(source)
     if problems:
         raise RuleSourceError(problems)
     name = (name or "rule").strip().replace("@", "_")
@@ -243,8 +244,9 @@ def _retrieved(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-def _source_problems(source: str) -> list[sandbox.SourceProblem]:
-    """:func:`check_source`'s problems, and what only compiling finds (``return`` outside a
+def source_problems(source: str) -> list[sandbox.SourceProblem]:
+    """What *Check* and :func:`apply_rule` find wrong with a rule's source without running it:
+    :func:`check_source`'s problems, and what only compiling finds (``return`` outside a
     function, a duplicate argument, an unknown ``__future__`` feature...): compiling runs
     nothing. A rule nested too deeply for the parser is a problem too, not a MemoryError."""
     try:
@@ -379,12 +381,14 @@ async def extend_version(store: Store, vid: str, scope: queries.RolloutFilter, l
 
 @dataclass
 class Diff:
-    """Two rule versions over the same rollouts."""
+    """Two rule versions over the same rollouts (the views over it: :mod:`studio.rewards.diff_views`)."""
 
     a: str
     b: str
-    rows: pd.DataFrame  # rollout_id, prompt, completion, group_id, reward_a/b, advantage_a/b, changed, sign_flip
+    rows: pd.DataFrame  # rollout_id, prompt, completion, group_id, reward_a/b, advantage_a/b, delta, changed, sign_flip
     groups: pd.DataFrame  # group_id, prompt, all_equal_a, all_equal_b
+    components: pd.DataFrame  # rollout_id, component, value_a, value_b (NaN: that version has no such component)
+    estimator: str = "grpo"  # whose advantages ``sign_flip`` compares
 
     @property
     def changed(self) -> pd.DataFrame:
@@ -403,16 +407,16 @@ class Diff:
         return self.groups[self.groups["all_equal_a"] & ~self.groups["all_equal_b"]]
 
 
-def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = None, tol: float = 1e-9) -> Diff:
-    """Rollouts scored by both versions: rewards, advantages, which changed, which flipped
-    the sign of their advantage, and groups that became (or stopped being) all-equal."""
-    from studio.signals.advantages import EQUAL_TOL
-
+def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = None, tol: float = 1e-9,
+         credit: Credit | None = None) -> Diff:
+    """Rollouts scored by both versions: rewards, advantages (``credit``'s estimator, GRPO when
+    None), which changed, which flipped the sign of their advantage, groups that became (or
+    stopped being) all-equal, and every component's value under each version."""
     cond, params = "TRUE", []
     if scope is not None and scope.run_id:
         cond, params = "ro.run_id = ?", [scope.run_id]
-    sa, pa = queries.scored_rollouts_sql(a, cond, params)
-    sb, pb = queries.scored_rollouts_sql(b, cond, params)
+    sa, pa = queries.scored_rollouts_sql(a, cond, params, credit=credit)
+    sb, pb = queries.scored_rollouts_sql(b, cond, params, credit=credit)
     df = store.df(f"""
         SELECT x.rollout_id, p.text AS prompt, x.text AS completion, x.group_id, x.n_tokens,
                x.reward AS reward_a, y.reward AS reward_b, x.advantage AS advantage_a, y.advantage AS advantage_b
@@ -421,10 +425,43 @@ def diff(store: Store, a: str, b: str, scope: queries.RolloutFilter | None = Non
         ORDER BY abs(y.reward - x.reward) DESC, x.rollout_id""", pa + pb)
     df["delta"] = df["reward_b"] - df["reward_a"]
     df["changed"] = df["delta"].abs() > tol
-    sa_, sb_ = np.sign(df["advantage_a"].fillna(0)), np.sign(df["advantage_b"].fillna(0))
-    df["sign_flip"] = sa_ != sb_
+    df["sign_flip"] = _sign(df["advantage_a"], tol) != _sign(df["advantage_b"], tol)
     g = df.groupby("group_id").agg(prompt=("prompt", "first"), a_lo=("reward_a", "min"), a_hi=("reward_a", "max"),
                                    b_lo=("reward_b", "min"), b_hi=("reward_b", "max")).reset_index()
     g["all_equal_a"] = (g["a_hi"] - g["a_lo"]) <= EQUAL_TOL
     g["all_equal_b"] = (g["b_hi"] - g["b_lo"]) <= EQUAL_TOL
-    return Diff(a, b, df, g[["group_id", "prompt", "all_equal_a", "all_equal_b"]])
+    comps = store.df("""
+        SELECT rollout_id, component, max(value) FILTER (WHERE rule_version_id = ?) AS value_a,
+               max(value) FILTER (WHERE rule_version_id = ?) AS value_b
+        FROM rewards WHERE rule_version_id IN (?, ?) AND component <> 'total'
+        GROUP BY rollout_id, component ORDER BY component, rollout_id""", [a, b, a, b])
+    comps = comps[comps["rollout_id"].isin(df["rollout_id"])].reset_index(drop=True)
+    return Diff(a, b, df, g[["group_id", "prompt", "all_equal_a", "all_equal_b"]], comps,
+                (credit or Credit()).estimator)
+
+
+def _sign(advantage: pd.Series, tol: float) -> np.ndarray:
+    """-1, 0 or 1 per advantage; a missing one (a token estimator without its inputs) and one
+    within ``tol`` of zero count as 0."""
+    x = advantage.astype("float64").fillna(0.0).to_numpy()
+    return np.where(np.abs(x) <= tol, 0.0, np.sign(x))
+
+
+def overlap(store: Store, a: str, b: str) -> int:
+    """How many rollouts versions ``a`` and ``b`` both scored (a ``total`` that is not NULL)."""
+    return int(store.scalar("""
+        SELECT count(*) FROM rewards x JOIN rewards y USING (rollout_id)
+        WHERE x.rule_version_id = ? AND x.component = 'total' AND x.value IS NOT NULL
+          AND y.rule_version_id = ? AND y.component = 'total' AND y.value IS NOT NULL""", [a, b]))
+
+
+def default_pair(store: Store, newest: int = 12) -> tuple[str | None, str | None]:
+    """The two versions a comparison opens on, ``(a, b)``: the most recent two distinct versions
+    that scored rollouts in common, the newer as ``b`` (among the ``newest`` versions). With no
+    such pair: ``(None, b)``, ``b`` the newest version (None in a store with none)."""
+    ids = versions(store)["rule_version_id"].tolist()[:newest]
+    for i, b in enumerate(ids):
+        for a in ids[i + 1:]:
+            if overlap(store, a, b):
+                return a, b
+    return None, (ids[0] if ids else None)
