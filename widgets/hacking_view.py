@@ -1,5 +1,9 @@
 """Reward hacking diagnostics: is a reward source paying for length, which component drives
-it, and where do two sources (two rule versions, or a rule and a reward model) disagree."""
+it, and where do two sources (two rule versions, or a rule and a reward model) disagree.
+
+It opens on the two most recent versions that scored the same rollouts (B the newer), or says
+to pick two when there is no such pair; the plots and lists wrap to the page's width.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +18,7 @@ from .base.lazy import LazyView
 from .base.plots import holoviews, plot_opts
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
-from .rule_panel import DIFF_CSS
+from .rule_panel import DIFF_CSS, pair_labels, pick_two
 
 MATRIX_CSS = """
 table.matrix { border-collapse:collapse; font-size:13px; margin:4px 0 8px 0; }
@@ -25,11 +29,16 @@ table.matrix td.agree { background:#ebfbee; } table.matrix td.fp { background:#f
 
 
 def matrix_html(d: diagnostics.Disagreement, limit: int = 15) -> str:
+    """A and B thresholded: how often they agree, the pass / fail matrix, and the first ``limit``
+    rollouts each way they disagree (a click opens one)."""
     m = d.matrix
     total = int(m.to_numpy().sum())
+    if not total:
+        return (f'<div class="empty pick-two">{esc(d.a)} and {esc(d.b)} scored no rollout in common: pick two '
+                'versions that scored the same rollouts.</div>')
     agree = int(m.loc["A pass", "B pass"] + m.loc["A fail", "B fail"])
     head = (f'<div class="meta-line"><span>A = <b>{esc(d.a)}</b></span><span>B = <b>{esc(d.b)}</b></span>'
-            f'<span>agree on <b>{agree / total:.1%}</b> of {total:,}</span></div>') if total else ""
+            f'<span>agree on <b>{agree / total:.1%}</b> of {total:,}</span></div>')
     table = (f'<table class="matrix"><tr><th></th><th>B pass</th><th>B fail</th></tr>'
              f'<tr><th>A pass</th><td class="agree">{m.loc["A pass", "B pass"]:,}</td>'
              f'<td class="fn">{m.loc["A pass", "B fail"]:,}<br><small>false negatives</small></td></tr>'
@@ -39,11 +48,14 @@ def matrix_html(d: diagnostics.Disagreement, limit: int = 15) -> str:
     def rows(df, title):
         if df.empty:
             return ""
-        body = "".join(f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}"><td class="mono">'
-                       f'{esc(r.prompt)}</td><td class="mono">{esc(r.completion[:44])}</td><td>{r.reward_a:.3f}</td>'
-                       f'<td>{r.reward_b:.3f}</td></tr>' for r in df.head(limit).itertuples())
+        body = "".join(f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}">'
+                       f'<td class="mono" title="{esc(r.prompt)}">{esc(r.prompt)}</td>'
+                       f'<td class="mono" title="{esc(r.completion)}">{esc(r.completion)}</td>'
+                       f'<td>{r.reward_a:.3f}</td><td>{r.reward_b:.3f}</td></tr>' for r in df.head(limit).itertuples())
         return (f'<div class="meta-line"><b>{esc(title)}</b> ({len(df):,}, first {min(limit, len(df))})</div>'
-                f'<table class="diff"><tr><th>prompt</th><th>completion</th><th>A</th><th>B</th></tr>{body}</table>')
+                f'<table class="diff fit"><colgroup><col style="width:40%"><col style="width:40%"><col style="width:10%">'
+                f'<col style="width:10%"></colgroup><tr><th>prompt</th><th>completion</th><th>A</th><th>B</th></tr>'
+                f'{body}</table>')
     return head + table + rows(d.false_positives, "B passes, A fails") + rows(d.false_negatives, "B fails, A passes")
 
 
@@ -66,33 +78,38 @@ class HackingView(LazyView):
         self._matrix = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS, MATRIX_CSS], sizing_mode="stretch_width",
                                      css_classes=["disagreement"])
         self._matrix.on_click(self._on_click)
-        controls = pn.Row(
-            pn.widgets.Select.from_param(self.param.source_a, name="Source A (reference)", width=280),
+        controls = pn.FlexBox(
+            pn.widgets.Select.from_param(self.param.source_a, name="Source A (reference)", width=280,
+                                         css_classes=["source-a"]),
             pn.widgets.FloatInput.from_param(self.param.threshold_a, name="A passes at ≥", width=110),
             pn.widgets.Select.from_param(self.param.source_b, name="Source B", width=280, css_classes=["source-b"]),
-            pn.widgets.FloatInput.from_param(self.param.threshold_b, name="B passes at ≥", width=110))
+            pn.widgets.FloatInput.from_param(self.param.threshold_b, name="B passes at ≥", width=110),
+            flex_wrap="wrap", sizing_mode="stretch_width")
+        # side by side while each keeps a readable width, else wrapped onto the next line
         self._layout = pn.Column(
             controls,
-            pn.Row(pn.Column(self._length, self._corr, styles={"flex": "1 1 36%"}),
-                   pn.Column(self._dominance, styles={"flex": "1 1 28%"}),
-                   pn.Column(self._matrix, styles={"flex": "1 1 36%"}), sizing_mode="stretch_width"),
+            pn.FlexBox(pn.Column(self._length, self._corr, styles={"flex": "1 1 380px", "min-width": "0"}),
+                       pn.Column(self._dominance, styles={"flex": "1 1 300px", "min-width": "0"}),
+                       pn.Column(self._matrix, styles={"flex": "1 1 440px", "min-width": "0"}),
+                       flex_wrap="wrap", sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
         self._refresh()
 
     @param.depends("state.refresh", watch=True)
     def _refresh(self) -> None:
+        """Re-read the versions. A and B keep the versions picked; when versions were applied since
+        the last look, or none is picked, they open on the most recent pair that scored the same
+        rollouts (:func:`studio.rewards.rules.default_pair`)."""
+        picked = self._ids.get(self.source_a), self._ids.get(self.source_b)
         vs = rules.versions(self.state.store)
         self._ids = {f"{v.rule_version_id} ({v.rollouts})": v.rule_version_id for v in vs.itertuples()}
-        labels = list(self._ids)
-        fresh = [lab for lab in labels if lab not in self._known]  # versions applied since the last look
-        self._known = set(labels)
+        fresh = bool(self._known) and not set(self._ids.values()) <= self._known  # applied since the last look
+        self._known = set(self._ids.values())
+        a, b = pair_labels(self._ids, *((None, None) if fresh else picked), self.state.store)
         with param.parameterized.batch_call_watchers(self):
-            self.param.source_a.objects = labels
-            self.param.source_b.objects = labels
-            if self.source_a not in labels:
-                self.source_a = labels[-1] if labels else None  # the oldest: usually the built-in rule
-            if self.source_b not in labels or (fresh and len(fresh) < len(labels)):
-                self.source_b = (fresh or labels or [None])[0]  # the newest version is the one to suspect
+            self.param.source_a.objects = list(self._ids)
+            self.param.source_b.objects = list(self._ids)
+            self.source_a, self.source_b = a, b
         self._render()
 
     @param.depends("source_a", "source_b", "threshold_a", "threshold_b", watch=True)
@@ -107,7 +124,8 @@ class HackingView(LazyView):
             tot = diagnostics.totals(self.state.store, b)
             lc = diagnostics.length_correlation(self.state.store)
             dom = diagnostics.component_dominance(self.state.store, b)
-            dis = diagnostics.disagreement(self.state.store, a, b, self.threshold_a, self.threshold_b) if a else None
+            dis = (diagnostics.disagreement(self.state.store, a, b, self.threshold_a, self.threshold_b)
+                   if a and a != b else None)
         except StoreError as exc:
             self._matrix.object = banner("error", str(exc))
             return
@@ -116,14 +134,17 @@ class HackingView(LazyView):
         self._length.object = hv.Scatter(tot, "n_tokens", "reward").opts(
             **plot_opts(title=f"B: reward vs length (r = {r:.2f})", xlabel="completion tokens", ylabel="reward",
                     size=4, alpha=0.35, color="#3b5bdb", height=250))
-        self._corr.object = ('<table class="diff"><tr><th>version</th><th>r(reward, length)</th><th>per 10 tokens</th></tr>'
-                             + "".join(f'<tr><td class="mono">{esc(x.rule_version_id)}</td><td>{x.r:+.2f}</td>'
+        self._corr.object = ('<table class="diff fit"><colgroup><col style="width:50%"><col style="width:25%">'
+                             '<col style="width:25%"></colgroup>'
+                             '<tr><th>version</th><th>r(reward, length)</th><th>per 10 tokens</th></tr>'
+                             + "".join(f'<tr><td class="mono" title="{esc(x.rule_version_id)}">'
+                                       f'{esc(x.rule_version_id)}</td><td>{x.r:+.2f}</td>'
                                        f'<td>{x.per_10_tokens:+.3f}</td></tr>' for x in lc.fillna(0).itertuples())
                              + "</table>")
         self._dominance.object = (hv.Bars(dom, "component", "share").opts(
             **plot_opts(title="B: share of reward variance", color="#3b5bdb", height=250, ylabel="share of variance"))
             if len(dom) and dom["share"].notna().any() else None)
-        self._matrix.object = matrix_html(dis) if dis is not None else ""
+        self._matrix.object = matrix_html(dis) if dis is not None else pick_two(self._ids, self.state.store)
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:

@@ -1,13 +1,18 @@
 """Reward rules: edit a rule, apply it to stored rollouts in the sandbox, see what changed.
 
-Left: a Python editor (line numbers, highlighting; problems found by parsing are marked
-at their line), the rule's name and note, the scope, Check / Apply / Cancel and a
-progress bar. Right: any two versions side by side: reward distributions before and
-after, the rollouts whose reward changed (with advantage sign flips flagged) and the
-groups that became or stopped being all-equal. Clicking a rollout opens it in the token
-strip. The rule code itself only ever runs in the sandbox's worker processes.
+Top: the Python editor (line numbers, highlighting; problems found by parsing are marked
+at their line) as wide as a rule's lines need, with Check / Apply / Cancel and their result
+right above it, and the rule's name, note, scope and reward-model inputs beside it (below it
+when the page is too narrow for both). Below: any two versions compared: reward
+distributions before and after, a summary whose counts pick what the list shows (changed
+rewards, advantage sign flips, groups whose all-equal state changed, one component's
+changes), and the list itself with identical changes folded into one counted line
+(:mod:`studio.rewards.diff_views`) that opens onto its rollouts. Clicking a rollout opens
+it in the token strip. The rule code itself only ever runs in the sandbox's worker processes.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import panel as pn
@@ -15,8 +20,9 @@ import param
 
 from sample_data import REWARD_MODEL_DIR
 from studio.queries import lookups
-from studio.rewards import reward_models, rules
-from studio.rewards.sandbox import RuleSourceError, check_source
+from studio.rewards import diff_views, reward_models, rules
+from studio.rewards.sandbox import RuleSourceError
+from studio.signals.advantages import ESTIMATORS
 from studio.store import StoreError
 
 from .base.clickable import ClickableHTML
@@ -27,55 +33,139 @@ from .base.state import StudioState
 from .base.style import CSS, banner, esc
 
 NO_RM = "none"
+ANY = "any component"
 
 DIFF_CSS = """
 table.diff { border-collapse:collapse; width:100%; font-size:12px; }
 table.diff th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
 table.diff td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowrap; }
 table.diff tr.diff-row { cursor:pointer; } table.diff tr.diff-row:hover { background:#edf2ff; }
+table.diff.fit { table-layout:fixed; }
+table.diff.fit td, table.diff.fit th { overflow:hidden; text-overflow:ellipsis; }
 td.mono { font-family:'DejaVu Sans Mono', monospace; white-space:pre; }
 .flip { color:#c92a2a; font-weight:700; }
+.banner.ok { background:#ebfbee; border:1px solid #8ce99a; color:#2b8a3e; }
 pre.errs { background:#fff5f5; border:1px solid #ffa8a8; color:#a61e4d; padding:6px 8px; border-radius:6px;
            font-size:12px; white-space:pre-wrap; }
+"""
+CHANGES_CSS = """
+.diff-summary .pick { cursor:pointer; border-bottom:1px dotted #868e96; }
+.diff-summary .pick:hover { color:var(--accent); }
+.changes { font-size:12px; }
+.change-head, details.change > summary, .change.more {
+  display:grid; grid-template-columns:64px 74px 150px 84px minmax(0, 1fr); gap:8px; padding:3px 6px; }
+.change-head { color:#868e96; font-weight:600; font-size:11px; }
+details.change, .change.more { border-top:1px solid #f1f3f5; }
+details.change > summary { cursor:pointer; list-style:none; }
+details.change > summary::-webkit-details-marker { display:none; }
+details.change > summary:hover { background:#edf2ff; }
+details.change > summary .n::before { content:"▸ "; color:#868e96; }
+details.change[open] > summary .n::before { content:"▾ "; }
+details.change > table { margin:0 0 6px 20px; width:calc(100% - 20px); }
+.change.more { color:#868e96; }
+.change.more span { grid-column:1 / -1; }
+.ell { overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
+ul.groups { font-size:12px; margin:4px 0; padding-left:18px; }
+ul.groups li { overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
+.section-title { font-weight:600; font-size:13px; color:#343a40; border-top:1px solid #dee2e6; padding-top:8px;
+                 margin-top:8px; }
 """
 SCOPES = {"all rollouts": "all", "the table's filter": "filter"}
 STARTING_RULES = (rules.DEFAULT_SOURCE, rules.FREE_TEXT_SOURCE)  # what the editor starts with, per task
 LATEST = "latest scoring of each rollout"
+SHOW_LABELS = {"changed": "changed", "sign flips": "flips", "all-equal changed": "all_equal", "all": "all"}
+"""The diff list's views (:data:`studio.rewards.diff_views.SHOWS`) as the tab names them."""
+FIELD = 270  # width of a setting beside the editor
 
 
 def _signed(x: float) -> str:
     return "–" if x is None or x != x else f"{x:+.3f}"
 
 
-def diff_html(d: rules.Diff, limit: int = 40) -> str:
-    """Summary, changed rollouts (click opens one) and all-equal changes of a diff."""
+def summary_html(d: rules.Diff) -> str:
+    """The diff's counts; the ones that name a view of the list pick it when clicked."""
     if d.rows.empty:
         return '<div class="empty">No rollout is scored by both versions yet.</div>'
-    s = (f'<div class="meta-line diff-summary"><span><b>{len(d.rows):,}</b> rollouts scored by both</span>'
-         f'<span><b>{len(d.changed):,}</b> changed reward</span>'
-         f'<span><b class="bad">{len(d.sign_flips):,}</b> advantage changed sign</span>'
-         f'<span><b>{len(d.became_all_equal)}</b> groups became all-equal, <b>{len(d.stopped_all_equal)}</b> '
-         f'stopped being</span><span>mean reward {d.rows["reward_a"].mean():.3f} → {d.rows["reward_b"].mean():.3f}</span></div>')
-    rows = []
-    for r in d.changed.head(limit).itertuples(index=False):
-        flip = '<span class="flip">sign flip</span>' if r.sign_flip else ""
-        rows.append(f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}">'
-                    f'<td class="mono">{esc(r.prompt)}</td><td class="mono">{esc(r.completion[:48])}</td>'
-                    f'<td>{r.reward_a:.3f} → <b>{r.reward_b:.3f}</b></td><td>{_signed(r.delta)}</td>'
-                    f'<td>{_signed(r.advantage_a)} → {_signed(r.advantage_b)}</td><td>{flip}</td></tr>')
-    table = ('<table class="diff"><tr><th>prompt</th><th>completion</th><th>reward A → B</th><th>Δ</th>'
-             '<th>advantage A → B</th><th></th></tr>' + "".join(rows) + "</table>") if rows else \
-        '<div class="empty">No reward changed.</div>'
-    more = f'<div class="meta-line">first {limit} of {len(d.changed):,} changed, largest change first</div>' \
-        if len(d.changed) > limit else ""
+    est = ESTIMATORS[d.estimator].label if d.estimator in ESTIMATORS else d.estimator
+
+    def pick(show: str, html: str) -> str:
+        return f'<span class="pick" data-click="show" data-value="{show}" title="list them">{html}</span>'
+
+    moved = len(d.became_all_equal) + len(d.stopped_all_equal)
+    comps = diff_views.component_changes(d)
+    parts = [f"{c.component} {c.changed:,}" + ("" if c.in_a and c.in_b else " (A only)" if c.in_a else " (B only)")
+             for c in comps.itertuples()]
+    return (f'<div class="meta-line diff-summary"><span><b>{len(d.rows):,}</b> rollouts scored by both</span>'
+            + pick("changed", f"<b>{len(d.changed):,}</b> changed reward")
+            + pick("flips", f'<b class="bad">{len(d.sign_flips):,}</b> advantage changed sign')
+            + pick("all_equal", f"<b>{len(d.became_all_equal):,}</b> groups became all-equal, "
+                                f"<b>{len(d.stopped_all_equal):,}</b> stopped being" if moved else
+                   "<b>0</b> groups changed all-equal state")
+            + f'<span>mean reward {d.rows["reward_a"].mean():.3f} → {d.rows["reward_b"].mean():.3f}</span>'
+            + f'<span class="version">advantages: {esc(est)}</span></div>'
+            + (f'<div class="meta-line components"><span>changed per component: {esc(" · ".join(parts))}</span></div>'
+               if parts else ""))
+
+
+def _rollout_rows(rows, ids: list[str]) -> str:
+    return "".join(
+        f'<tr class="diff-row" data-click="open" data-value="{esc(r.rollout_id)}">'
+        f'<td class="mono" title="{esc(r.prompt)}">{esc(r.prompt)}</td>'
+        f'<td class="mono" title="{esc(r.completion)}">{esc(r.completion)}</td>'
+        f'<td>{_signed(r.advantage_a)} → {_signed(r.advantage_b)}</td>'
+        f'<td>{"<span class=flip>sign flip</span>" if r.sign_flip else ""}</td></tr>'
+        for r in rows.loc[ids].reset_index().itertuples(index=False))
+
+
+EMPTY = {"changed": "No reward changed.", "flips": "No rollout's advantage changed sign.",
+         "all_equal": "No group became or stopped being all-equal.", "all": "No rollout is scored by both versions."}
+
+
+def changes_html(d: rules.Diff, show: str = "changed", component: str | None = None, limit: int = 30,
+                 per_line: int = 10, open_under: int = 12) -> str:
+    """The rollouts of view ``show`` (and ``component``), identical changes folded into one
+    counted line (``data-n``: its count; the lines' counts add up to the rollouts listed) that
+    opens onto its first ``per_line`` rollouts; every line starts open when there are at most
+    ``open_under`` rollouts."""
+    if d.rows.empty:
+        return ""
+    rows = diff_views.pick(d, show, component)
+    what = {"changed": "changed reward", "flips": "advantage changed sign", "all_equal": "all-equal state changed",
+            "all": "all scored"}[show] + (f" · component {component}" if component else "")
     groups = ""
-    if len(d.became_all_equal) or len(d.stopped_all_equal):
-        items = [f'<li>became all-equal: {esc(g.prompt)} <span class="link" data-click="group" '
-                 f'data-value="{esc(g.group_id)}">open group</span></li>' for g in d.became_all_equal.head(8).itertuples()]
-        items += [f'<li>stopped being all-equal: {esc(g.prompt)} <span class="link" data-click="group" '
-                  f'data-value="{esc(g.group_id)}">open group</span></li>' for g in d.stopped_all_equal.head(8).itertuples()]
-        groups = f'<ul style="font-size:12px;margin:4px 0">{"".join(items)}</ul>'
-    return s + groups + table + more
+    if show == "all_equal":
+        items = [f'<li>{label}: <span class="link" data-click="group" data-value="{esc(g.group_id)}">open group'
+                 f'</span> {esc(g.prompt)}</li>' for frame, label in [(d.became_all_equal, "became all-equal"),
+                                                                     (d.stopped_all_equal, "stopped being all-equal")]
+                 for g in frame.head(10).itertuples()]
+        groups = f'<ul class="groups">{"".join(items)}</ul>'
+    if rows.empty:
+        return groups + f'<div class="empty">{esc(EMPTY[show])}</div>'
+    lines = diff_views.collapse(rows)
+    by_id = rows.set_index("rollout_id")
+    head = (f'<div class="meta-line changes-count"><span><b>{len(rows):,}</b> rollouts ({esc(what)}) in '
+            f'<b>{len(lines):,}</b> distinct changes, the most common first; open one for its rollouts</span></div>')
+    opened = " open" if len(rows) <= open_under else ""
+    out = []
+    for ln in lines.head(limit).itertuples():
+        first = by_id.loc[ln.rollout_ids[0]]
+        more = (f'<div class="meta-line">first {per_line} of {ln.n:,}</div>' if ln.n > per_line else "")
+        out.append(
+            f'<details class="change" data-n="{ln.n}"{opened}><summary><span class="n">×{ln.n:,}</span>'
+            f'<span>{_signed(ln.delta)}</span><span>{ln.reward_a:.3f} → <b>{ln.reward_b:.3f}</b></span>'
+            f'<span class="flip">{f"{ln.flips:,} flipped" if ln.flips else ""}</span>'
+            f'<span class="ell mono" title="{esc(first.prompt)}">{esc(first.prompt)}</span></summary>'
+            f'<table class="diff fit"><colgroup><col style="width:38%"><col style="width:34%"><col style="width:17%">'
+            f'<col style="width:11%"></colgroup><tr><th>prompt</th><th>completion</th><th>advantage A → B</th><th></th>'
+            f'</tr>{_rollout_rows(by_id, ln.rollout_ids[:per_line])}</table>{more}</details>')
+    rest = lines.iloc[limit:]
+    if len(rest):
+        out.append(f'<div class="change more" data-n="{int(rest["n"].sum())}"><span>… and {len(rest):,} more '
+                   f'distinct changes over {int(rest["n"].sum()):,} rollouts (pick a component or a view to '
+                   f'narrow the list)</span></div>')
+    return (groups + head + '<div class="changes"><div class="change-head"><span>rollouts</span><span>Δ reward</span>'
+            '<span>reward A → B</span><span>sign flips</span><span>prompt (the first)</span></div>'
+            + "".join(out) + "</div>")
 
 
 def reward_hist(d: rules.Diff):
@@ -89,7 +179,33 @@ def reward_hist(d: rules.Diff):
     cb, _ = np.histogram(d.rows["reward_b"], edges)
     a = hv.Histogram((edges, ca), kdims=["reward"], vdims=["rollouts"], label="A").opts(alpha=0.45, color="#868e96")
     b = hv.Histogram((edges, cb), kdims=["reward"], vdims=["rollouts"], label="B").opts(alpha=0.55, color="#3b5bdb")
-    return (a * b).opts(**plot_opts(title="Reward distribution, A (grey) and B (blue)", height=230, legend_position="top_right"))
+    return (a * b).opts(**plot_opts(title="Reward distribution, A (grey) and B (blue)", height=220,
+                                    legend_position="top_right"))
+
+
+def pair_labels(labels: dict[str, str], a: str | None, b: str | None, store) -> tuple[str | None, str | None]:
+    """The labels (of ``labels``: label → version id) for versions ``a`` and ``b``; where one is
+    None, :func:`studio.rewards.rules.default_pair`'s, and B's for A when no pair shares rollouts
+    (the views then ask for two different versions)."""
+    by_id = {v: lab for lab, v in labels.items()}
+    la, lb = by_id.get(a), by_id.get(b)
+    if la is None or lb is None:
+        da, db = rules.default_pair(store)
+        la, lb = la or by_id.get(da) or by_id.get(db), lb or by_id.get(db)
+    return la, lb
+
+
+def pick_two(labels: dict[str, str], store) -> str:
+    """The line a comparison shows when A and B are one version: why, and what to do."""
+    if len(set(labels.values())) < 2:
+        text = ("Only one reward version is stored, so there is nothing to compare it with yet: apply a rule "
+                "(Reward rules tab) or score with a reward model, then compare the two.")
+    elif rules.default_pair(store)[0] is None:
+        text = ("No two reward versions have scored the same rollouts yet: apply a rule (Reward rules tab) to the "
+                "rollouts a version scored, then compare the two.")
+    else:
+        text = "A and B are the same version: pick two different versions to compare."
+    return f'<div class="empty pick-two">{esc(text)}</div>'
 
 
 class RulePanel(LazyView):
@@ -101,32 +217,38 @@ class RulePanel(LazyView):
     scope = param.Selector(default="all rollouts", objects=list(SCOPES), doc="Which rollouts to re-score.")
     version_a = param.Selector(default=None, objects=[], allow_None=True, doc="Diff: before.")
     version_b = param.Selector(default=None, objects=[], allow_None=True, doc="Diff: after.")
+    diff_show = param.Selector(default="changed", objects=SHOW_LABELS,
+                               doc="Which rollouts the diff lists: changed reward, advantage sign flips, those of "
+                                   "groups whose all-equal state changed, or all.")
+    diff_component = param.Selector(default=ANY, objects=[ANY],
+                                    doc="The diff lists only rollouts whose value of this reward component changed.")
     rm_folder = param.String(default=str(REWARD_MODEL_DIR), doc="A transformers sequence-classification folder.")
     rm_source = param.Selector(default=NO_RM, objects=[NO_RM], doc="The reward-model version the rule reads as ctx['rm'].")
 
     def __init__(self, can_run: bool = True, **params):
         super().__init__(**params)
         self._can_run = can_run
+        self._labels: dict[str, str] = {}  # version label → version id
+        self._d: rules.Diff | None = None  # the diff shown
         self._job = Job(on_running=self._applying)  # a rule applied in the sandbox, cancellable
         self._rm_job = Job(on_running=lambda on: setattr(self._rm_go, "disabled", on))  # a reward-model scoring
         self.editor = pn.widgets.CodeEditor(value=rules.default_source(self.scope_task()), language="python",
-                                            theme="chrome",
-                                            sizing_mode="stretch_width", height=340, css_classes=["rule-editor"],
-                                            disabled=not can_run)
+                                            theme="chrome", sizing_mode="stretch_width", height=340,
+                                            css_classes=["rule-editor"], disabled=not can_run)
         self._check = pn.widgets.Button(name="Check", color="light", width=80, css_classes=["rule-check"])
         self._apply = pn.widgets.Button(name="Apply", color="primary", width=90, css_classes=["rule-apply"],
                                         disabled=not can_run)
         self._stop = pn.widgets.Button(name="Cancel", color="light", width=80, disabled=True,
                                        css_classes=["rule-cancel"])
-        self._progress = pn.indicators.Progress(value=0, max=1, visible=False, sizing_mode="stretch_width",
-                                                bar_color="primary", height=14)
+        self._progress = pn.indicators.Progress(value=0, max=1, visible=False, width=220, bar_color="primary",
+                                                height=14, margin=(14, 10))
         self._status = pn.pane.HTML("", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
                                     css_classes=["rule-status"])
         self._check.on_click(self._on_check)
         if can_run:  # browse-only sessions get no callback that could run rule code
             self._apply.on_click(self._on_apply)
             self._stop.on_click(lambda e: self._job.cancel())
-        self._rm_go = pn.widgets.Button(name="Score with reward model", color="light", width=190,
+        self._rm_go = pn.widgets.Button(name="Score with reward model", color="light", width=FIELD - 10,
                                         css_classes=["rm-button"], disabled=not can_run)
         if can_run:
             self._rm_go.on_click(self._on_rm)
@@ -137,33 +259,52 @@ class RulePanel(LazyView):
         if can_run:
             self._retrain.on_click(lambda e: self.on_retrain(self._labels[self.version_b])
                                    if self.on_retrain and self.version_b in self._labels else None)
-        self._load = pn.widgets.Select(name="Load a stored version into the editor", options=[], width=330)
+        self._load = pn.widgets.Select(name="Load a stored version into the editor", options=[], width=FIELD)
         self._load.param.watch(self._on_load, "value")
-        self._hist = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=240)
-        self._diff = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS], sizing_mode="stretch_width",
+        self._hist = pn.pane.HoloViews(None, sizing_mode="stretch_width", height=230)
+        self._summary = ClickableHTML(object="", stylesheets=[CSS, CHANGES_CSS], sizing_mode="stretch_width",
+                                      css_classes=["diff-head"])
+        self._summary.on_click(self._on_click)
+        self._diff = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS, CHANGES_CSS], sizing_mode="stretch_width",
                                    css_classes=["rule-diff"])
         self._diff.on_click(self._on_click)
-        left = pn.Column(
-            pn.Row(pn.widgets.TextInput.from_param(self.param.rule_name, name="Rule name", width=170,
-                                                   css_classes=["rule-name"]),
-                   pn.widgets.TextInput.from_param(self.param.note, name="Note", width=270, css_classes=["rule-note"])),
-            pn.Row(pn.widgets.Select.from_param(self.param.scope, name="Re-score", width=170),
-                   pn.widgets.Select.from_param(self.param.rm_source, name="Rule reads ctx['rm'] from", width=270,
-                                                css_classes=["rm-source"])),
-            pn.Row(pn.widgets.TextInput.from_param(self.param.rm_folder, name="Reward model folder", width=260,
-                                                   css_classes=["rm-folder"]),
-                   pn.Column(pn.Spacer(height=18), self._rm_go)),
-            self._load, self.editor,
-            pn.Row(self._check, self._apply, self._stop), self._progress, self._status,
-            styles={"flex": "1 1 50%"}, sizing_mode="stretch_width")
-        right = pn.Column(
-            pn.Row(pn.widgets.Select.from_param(self.param.version_a, name="Version A (before)", width=250,
-                                                css_classes=["version-a"]),
-                   pn.widgets.Select.from_param(self.param.version_b, name="Version B (after)", width=250,
-                                                css_classes=["version-b"]),
-                   pn.Column(pn.Spacer(height=18), self._retrain)),
-            self._hist, self._diff, styles={"flex": "1 1 50%"}, sizing_mode="stretch_width")
-        self._layout = pn.Row(left, right, sizing_mode="stretch_width")
+
+        # the editor takes the width a rule's lines need (about 90 characters); the settings sit
+        # beside it when the page has room for both, else below it, flowing across the width
+        editor = pn.Column(pn.Row(self._check, self._apply, self._stop, self._progress), self._status, self.editor,
+                           sizing_mode="stretch_width", styles={"flex": "1 1 720px", "min-width": "0"})
+        settings = pn.FlexBox(
+            pn.widgets.TextInput.from_param(self.param.rule_name, name="Rule name", width=FIELD,
+                                            css_classes=["rule-name"]),
+            pn.widgets.TextInput.from_param(self.param.note, name="Note", width=FIELD, css_classes=["rule-note"]),
+            pn.widgets.Select.from_param(self.param.scope, name="Re-score", width=FIELD),
+            self._load,
+            pn.widgets.Select.from_param(self.param.rm_source, name="Rule reads ctx['rm'] from", width=FIELD,
+                                         css_classes=["rm-source"]),
+            pn.Column(pn.widgets.TextInput.from_param(self.param.rm_folder, name="Reward model folder", width=FIELD,
+                                                      css_classes=["rm-folder"]), self._rm_go, width=FIELD + 10),
+            flex_wrap="wrap", align_content="flex-start", styles={"flex": "1 1 290px", "min-width": "0"})
+        pickers = pn.FlexBox(
+            pn.widgets.Select.from_param(self.param.version_a, name="Version A (before)", width=320,
+                                         css_classes=["version-a"]),
+            pn.widgets.Select.from_param(self.param.version_b, name="Version B (after)", width=320,
+                                         css_classes=["version-b"]),
+            pn.Column(pn.Spacer(height=18), self._retrain), flex_wrap="wrap", sizing_mode="stretch_width")
+        views = pn.Column(
+            self._summary,
+            pn.FlexBox(pn.widgets.RadioButtonGroup.from_param(self.param.diff_show, name="", button_type="light",
+                                                              css_classes=["diff-show"]),
+                       pn.widgets.Select.from_param(self.param.diff_component, name="", width=200,
+                                                    css_classes=["diff-component"]), flex_wrap="wrap"),
+            styles={"flex": "1 1 420px", "min-width": "0"}, sizing_mode="stretch_width")
+        self._layout = pn.Column(
+            pn.FlexBox(editor, settings, flex_wrap="wrap", sizing_mode="stretch_width"),
+            pn.pane.HTML('<div class="section-title">Compare two versions</div>', stylesheets=[CHANGES_CSS],
+                         sizing_mode="stretch_width"),
+            pickers,
+            pn.FlexBox(pn.Column(self._hist, styles={"flex": "1 1 380px", "min-width": "0"},
+                                 sizing_mode="stretch_width"), views, flex_wrap="wrap", sizing_mode="stretch_width"),
+            self._diff, sizing_mode="stretch_width")
         self._refresh_versions()
 
     # -- the starting rule ------------------------------------------------------------------
@@ -190,18 +331,18 @@ class RulePanel(LazyView):
 
     @param.depends("state.refresh", watch=True)
     def _refresh_versions(self) -> None:
+        """Re-read the versions; A and B stay the versions they were (their labels carry counts that
+        change), and open on :func:`studio.rewards.rules.default_pair` when they are not set."""
+        picked = self._labels.get(self.version_a), self._labels.get(self.version_b)
         vs = rules.versions(self.state.store)
         self._labels = {f"{v.rule_version_id} · {v.rollouts} scored" + (f" · {v.note}" if v.note else ""):
                         v.rule_version_id for v in vs.itertuples()}
         labels = list(self._labels)
-        a, b = self.version_a, self.version_b
+        a, b = pair_labels(self._labels, *picked, self.state.store)
         with param.parameterized.batch_call_watchers(self):
             self.param.version_a.objects = labels
             self.param.version_b.objects = labels
-            if a not in labels:
-                self.version_a = labels[1] if len(labels) > 1 else (labels[0] if labels else None)
-            if b not in labels:
-                self.version_b = labels[0] if labels else None
+            self.version_a, self.version_b = a, b
         self._load.options = ["", *labels]
         rms = [v for v in self._labels.values() if v.startswith("rm-")]
         self.param.rm_source.objects = [NO_RM, *rms]
@@ -223,18 +364,24 @@ class RulePanel(LazyView):
 
     # -- check and apply ------------------------------------------------------------------
 
-    def _show_problems(self, problems) -> None:
+    def _show_problems(self, problems, when: str = "") -> None:
         self.editor.annotations = [{"row": p.line - 1, "column": p.column, "text": p.message, "type": "error"}
                                    for p in problems]
-        self._status.object = "".join(banner("error", str(p)) for p in problems)
+        n = len(problems)
+        self._status.object = (banner("error", f"✗ Check{when}: {n} problem{'s' * (n != 1)}, marked in the editor's "
+                                               "margin") + "".join(banner("error", str(p)) for p in problems))
 
     def _on_check(self, event=None) -> bool:
-        problems = check_source(self.editor.value or "")
+        """Parse the rule (it never runs here) and say what was found; the time shows a repeated
+        check did run."""
+        when = f" at {time.strftime('%H:%M:%S')}"
+        problems = rules.source_problems(self.editor.value or "")
         if problems:
-            self._show_problems(problems)
+            self._show_problems(problems, when)
             return False
         self.editor.annotations = []
-        self._status.object = banner("info", "the rule parses and defines reward(); Apply runs it in the sandbox")
+        self._status.object = banner("ok", f"✓ Check{when}: no problems. The rule parses and defines reward(); "
+                                           f"Apply runs it on {self.scope} in the sandbox.")
         return True
 
     def _applying(self, on: bool) -> None:
@@ -271,14 +418,14 @@ class RulePanel(LazyView):
             if res.failed:
                 msg += f"; the rule failed on {res.failed:,} (their reward is empty, with the error)"
                 errs = "<pre class='errs'>" + esc("\n\n".join(f"{rid}:\n{m}" for rid, m in res.errors)) + "</pre>"
-            self._status.object = banner("warn" if res.failed else "info", msg) + errs
-            before = self.version_b
+            self._status.object = banner("warn" if res.failed else "info", msg + "; compared below") + errs
+            before = self._labels.get(self.version_b)
             st.refresh += 1  # re-reads versions; B becomes the new version, A what B was
-            new = next((lab for lab, v in self._labels.items() if v == res.rule_version_id), None)
+            by_id = {v: lab for lab, v in self._labels.items()}
             with param.parameterized.batch_call_watchers(self):
-                if before and before != new:
-                    self.version_a = before
-                self.version_b = new
+                if before and before != res.rule_version_id:
+                    self.version_a = by_id.get(before)
+                self.version_b = by_id.get(res.rule_version_id)
             self._render()
         else:
             self._status.object = banner("error" if res.status == "failed" else "warn", res.message or res.status)
@@ -302,30 +449,46 @@ class RulePanel(LazyView):
 
     # -- diff -----------------------------------------------------------------------------
 
-    @param.depends("version_a", "version_b", watch=True)
+    @param.depends("version_a", "version_b", "state.estimator", "state.kl_beta", "state.reference",
+                   "state.gae_gamma", "state.gae_lam", "state.value_source", watch=True)
     def _render(self) -> None:
         if self._defer():  # a hidden tab: drawn when it is opened
             return
         a, b = self._labels.get(self.version_a), self._labels.get(self.version_b)
-        if a and a == b:
-            self._diff.object, self._hist.object = '<div class="empty">Pick two different versions to compare.</div>', None
-            return
-        if not a or not b:
-            self._diff.object, self._hist.object = '<div class="empty">Apply a rule to compare versions.</div>', None
+        self._d = None
+        if not a or not b or a == b:
+            self._summary.object = pick_two(self._labels, self.state.store) if a else '<div class="empty">No rule version yet.</div>'
+            self._diff.object, self._hist.object = "", None
             return
         try:
-            d = rules.diff(self.state.store, a, b)
+            self._d = rules.diff(self.state.store, a, b, credit=self.state.credit())
         except StoreError as exc:
-            self._diff.object = banner("error", str(exc))
+            self._summary.object, self._diff.object, self._hist.object = banner("error", str(exc)), "", None
             return
-        self._diff.object = diff_html(d)
-        self._hist.object = reward_hist(d) if len(d.rows) else None
+        comps = diff_views.component_changes(self._d)["component"].tolist()
+        with param.parameterized.batch_call_watchers(self):
+            self.param.diff_component.objects = [ANY, *comps]
+            if self.diff_component not in comps:
+                self.diff_component = ANY
+        self._summary.object = summary_html(self._d)
+        self._hist.object = reward_hist(self._d) if len(self._d.rows) else None
+        self._draw()
+
+    @param.depends("diff_show", "diff_component", watch=True)
+    def _draw(self) -> None:
+        """The list of changes for the view and component picked (the diff is not read again)."""
+        if self._d is None:
+            return
+        component = None if self.diff_component == ANY else self.diff_component
+        self._diff.object = changes_html(self._d, self.diff_show, component)
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:
             self.state.open_rollout(value)
         elif kind == "group" and value:
             self.state.group_id = value
+        elif kind == "show" and value in diff_views.SHOWS:
+            self.diff_show = value
 
     def __panel__(self):
         return self._layout
