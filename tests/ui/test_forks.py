@@ -1,5 +1,7 @@
 """Entropy forks in real Chromium: pick a token, branch there with the real sample policy,
-read the rollout tree, open a branch and branch it again."""
+read the rollout tree, open a branch and branch it again; the strip's ▾ (unsure) marks under
+the sidebar's fork rule, the same on a branch's shared prefix as on its root, and the ◆ the tree
+puts on a pivotal token."""
 from __future__ import annotations
 
 import re
@@ -43,16 +45,17 @@ def pick_token(page, pos: int) -> list[str]:
     return labels
 
 
-def choose_only(page, wanted: str) -> None:
+def choose_only(page, *wanted: str) -> None:
     """Uncheck every choice, then check exactly ``wanted`` (as a person clicks them)."""
     boxes = page.locator(".fork-choices label").all()
     names = [b.text_content().strip() for b in boxes]
     for box in boxes:
         if box.locator("input").is_checked():
             box.locator("input").uncheck()
-    boxes[names.index(wanted)].locator("input").check()  # exact label: "1  p …" must not pick "11  p …"
+    for want in wanted:
+        boxes[names.index(want)].locator("input").check()  # exact label: "1  p …" must not pick "11  p …"
     checked = [name for name, b in zip(names, boxes) if b.locator("input").is_checked()]
-    assert checked == [wanted]
+    assert checked == [n for n in names if n in wanted]
 
 
 def press_branch(page, n: int) -> str:
@@ -125,18 +128,19 @@ def branch_header(page) -> str:
     return loc.inner_text()
 
 
-def show_all_in_table(page, root: str) -> list[str]:
-    """Press the tree's "show all in table" link; return the fork column of the filtered table."""
+def show_all_in_table(page, root: str) -> list[int]:
+    """Press the tree's "show all in table" link; return the fork positions the filtered table's
+    fork column shows (a sampled rollout's cell is blank)."""
     page.locator(".fork-tree .crumbs .link[data-click=branches]").click()
     expect(page.locator(".branches-of input")).to_have_value(root, timeout=20_000)
     cells = page.locator(".rollout-table .tabulator-row [tabulator-field=fork_pos]")
     deadline = time.time() + 20
     while time.time() < deadline:
         got = cells.all_inner_texts()
-        if got and all(c.strip().startswith("@") for c in got):
+        if got and all(re.search(r"\d", c) for c in got):
             break
         page.wait_for_timeout(200)
-    return [c.strip() for c in cells.all_inner_texts()]
+    return [int(re.search(r"\d+", c).group()) for c in cells.all_inner_texts()]
 
 
 # ---------------------------------------------------------------------------- the tests
@@ -198,7 +202,7 @@ def test_branch_at_a_fork_on_one_forced_alternative(page):
         assert crumbs(page) == [f"root · {root[-6:]}", f"@{fork} {alt_shown} · {c['id'][-6:]}"]
 
     # "show all in table" filters the table to the four branches, each marked with its fork
-    assert show_all_in_table(page, root) == [f"@{fork}"] * 4
+    assert show_all_in_table(page, root) == [fork] * 4
     assert re.search(r"\b4 of ", text(page.locator(".table-count")))
 
 
@@ -261,7 +265,86 @@ def test_branch_again_from_a_branch(page):
 
     # "show all in table" lists branches at any depth of the root
     forks_col = show_all_in_table(page, root)
-    assert sorted(forks_col) == sorted([f"@{first}"] * 2 + [f"@{second}"] * 2)
+    assert sorted(forks_col) == sorted([first] * 2 + [second] * 2)
+
+
+def marked(page, cls: str) -> set[int]:
+    """The positions of the strip's tokens that carry the class ``cls`` (``fork``: ▾, ``pivot``: ◆)."""
+    return set(page.locator(f".token-strip .tok.{cls}").evaluate_all("els => els.map(e => +e.dataset.pos)"))
+
+
+def answer_start(tokens: list[tuple[int, str, str]]) -> int:
+    """The position of the first token of the stated answer (after "A:")."""
+    text, starts = "", []
+    for pos, tok, _ in tokens:
+        starts.append((len(text), pos))
+        text += tok
+    at = text.rindex("A:") + 2
+    return next(pos for start, pos in starts if start >= at)
+
+
+def test_unsure_marks_follow_the_rule_and_the_tree_marks_a_pivotal_token(page):
+    """The sidebar's fork rule shows only the settings of its mode; a minimum of 0 (TRL's top 20 %
+    alone) marks more tokens, and the legend says which rule decides. Branching at the stated answer
+    on the sampled digit and the runner-up is pivotal: the strip marks that token ◆ with the spread in
+    its card, and a branch shows its root's ▾ on the prefix they share."""
+    for nth in range(8):  # a correct sampled rollout with a stated answer
+        completion, parent = open_sampled_row(page, nth)
+        if "A:" in completion and "✓" in text(page.locator(".strip-header")):
+            break
+    legend = page.locator(".strip-legend")
+    wait_text(page, legend, "0.50-nat minimum")
+    assert "unsure" in text(legend)
+    default = marked(page, "fork")
+
+    page.locator(".fork-card .card-header").first.click()
+    expect(page.locator(".fork-min input")).to_be_visible(timeout=10_000)
+    expect(page.locator(".fork-abs input")).to_be_hidden()  # settings appear only where they act
+    page.locator(".fork-min input").fill("0")
+    page.locator(".fork-min input").press("Tab")
+    wait_text(page, legend, "nats (the top 20% of this run's tokens)")  # the quantile decides now
+    assert "minimum" not in text(legend)
+    trl = marked(page, "fork")
+    assert default < trl, (default, trl)  # the top 20 % alone marks tokens the policy was sure of
+
+    root = tree_root(page)
+    ans = answer_start(parent)
+    labels = pick_token(page, ans)
+    sampled = next(lab for lab in labels if "← sampled" in lab)
+    alt = next(lab for lab in labels if lab not in (sampled, AS_SAMPLED) and not lab.startswith("<"))
+    choose_only(page, sampled, alt)
+    assert "4 branch completions stored and scored" in press_branch(page, 2)
+    blk = block(page, ans)
+    blk.wait_for(timeout=20_000)
+    assert "pivotal" in blk.get_attribute("class").split()  # a wrong answer digit, forced: the outcome changes
+    spread = re.search(r"spread (\d+\.\d+)", blk.locator(".fork-head").inner_text()).group(1)
+
+    # the strip: ◆ on the answer's first token, the spread and each choice's value in its card
+    pivot = page.locator(f'.token-strip .tok.pivot[data-pos="{ans}"]')
+    expect(pivot).to_have_count(1, timeout=20_000)
+    assert marked(page, "pivot") == {ans}
+    pivot.hover()
+    card = pivot.locator(".card")
+    expect(card).to_be_visible()
+    assert f"spread {float(spread):.2f}" in card.inner_text() and "◆ pivotal" in card.inner_text()
+    wait_text(page, legend, "pivotal")
+    assert "1 pivotal" in text(page.locator(".strip-header"))
+
+    # a branch: its root's ▾ on the prefix they share (one population for the tree), the ◆ too
+    kid = comps(page, blk)[0]
+    open_comp(page, ans, kid["id"])
+    toks = wait_strip(page, completion_text(parent[:ans]) + kid["text"][len(kid["pre"]):])
+    assert {p for p in marked(page, "fork") if p < ans} == {p for p in trl if p < ans}
+    assert marked(page, "pivot") == {ans} and toks[ans][0] == ans
+    wait_text(page, legend, "the root's run")
+    assert root in branch_header(page)
+
+    # absolute mode: only its threshold shows
+    page.locator(".fork-mode button", has_text="absolute").click()
+    expect(page.locator(".fork-abs input")).to_be_visible(timeout=10_000)
+    expect(page.locator(".fork-min input")).to_be_hidden()
+    expect(page.locator(".fork-scope select")).to_be_hidden()
+    wait_text(page, legend, "a fixed threshold")
 
 
 def test_landscape_and_policy_comparison_tabs(page):
