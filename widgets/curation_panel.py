@@ -30,7 +30,7 @@ from .base.clickable import KeyShortcuts
 from .base.lazy import LazyView
 from .base.pickers import run_choices
 from .base.state import StudioState
-from .base.style import CSS, SCALES, banner, esc
+from .base.style import CSS, DIVIDER_HTML, SCALES, banner, esc
 from .token_strip import strip_html
 
 REVIEW_CSS = """
@@ -166,9 +166,9 @@ class CurationPanel(LazyView):
             pn.Row(self._margin, self._length, self._cap), pn.Row(self._within, pn.Column(pn.Spacer(height=22),
                                                                                          self._dedupe)),
             self._build, self._build_msg,
-            pn.layout.Divider(), head("hand-pick from the table or the group view"), self._pick_info,
+            pn.pane.HTML(DIVIDER_HTML, sizing_mode="stretch_width"), head("hand-pick from the table or the group view"), self._pick_info,
             pn.Row(self._pick_chosen, self._pick_rejected), self._pick_add,
-            pn.layout.Divider(), head("export accepted pairs"), pn.Row(self._format, self._style, self._filetype),
+            pn.pane.HTML(DIVIDER_HTML, sizing_mode="stretch_width"), head("export accepted pairs"), pn.Row(self._format, self._style, self._filetype),
             self._kinds, self._skip_stale, self._export, self._download, self._download_prov, self._export_msg, self._exports,
             width=350, css_classes=["curation-build"])
         review = pn.Column(

@@ -35,7 +35,7 @@ from .base.lazy import LazyView
 from .base.pickers import run_choices, set_choices
 from .base.plots import holoviews
 from .base.state import StudioState
-from .base.style import CSS, banner, esc
+from .base.style import CSS, DIVIDER_HTML, banner, esc
 from .timeline_html import TL_CSS, fmt_num, movers_html, no_timeline_text, prompt_info_html, steps_html, summary_html
 from .timeline_plots import PLOT_H, SCATTER_H, diff_scatter, entropy_plot, length_plot, reward_plot, scatter_points
 
@@ -114,7 +114,7 @@ class TimelinePanel(LazyView):
             self._summary,
             pn.Row(self._scatter, pn.Column(self._movers, sizing_mode="stretch_width"), sizing_mode="stretch_width"),
             sizing_mode="stretch_width")
-        self._layout = pn.Column(timeline, pn.layout.Divider(), diff, sizing_mode="stretch_width",
+        self._layout = pn.Column(timeline, pn.pane.HTML(DIVIDER_HTML, sizing_mode="stretch_width"), diff, sizing_mode="stretch_width",
                                  css_classes=["timeline-panel"])
         self._render()
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from .harness import Server, start_generate, studio_page, wait_text
+from .harness import Server, rollouts_total, start_generate, studio_page, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -29,13 +29,10 @@ def test_the_server_console_stays_quiet_from_start_to_stop(browser, tmp_path):
     server = Server(tmp_path / "studio.duckdb")
     try:
         with studio_page(browser, server) as page:
-            before = page.locator(".table-count").inner_text()
-            start_generate(page, 2, typed="What is 2 + 3?")
-            for _ in range(300):  # the first Generate starts the worker and loads the policy
-                if page.locator(".table-count").inner_text() != before:
-                    break
-                page.wait_for_timeout(200)
-            assert page.locator(".table-count").inner_text() != before
+            before = rollouts_total(page)
+            start_generate(page, 2, typed="Q: 12+34=")
+            page.locator(".generate-status .banner", has_text="done:").wait_for(timeout=120_000)
+            wait_text(page, page.locator(".table-count"), f"of {before + 2:,} rollouts")
             for title in TABS:
                 page.locator(".lower-tabs .bk-tab", has_text=title).click()
                 page.wait_for_timeout(1500)

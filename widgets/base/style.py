@@ -10,6 +10,9 @@ import html
 from dataclasses import dataclass
 
 ACCENT = "#3b5bdb"
+# a horizontal rule between a view's sections, as HTML: Panel's Divider, made inside a callback (a tab
+# built when first opened), links its stylesheet from Panel's CDN, which the offline studio never reaches
+DIVIDER_HTML = '<hr style="border:none; border-top:1px solid #dee2e6; margin:8px 0">'
 
 
 def esc(text: object) -> str:
