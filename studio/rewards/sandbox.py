@@ -163,8 +163,9 @@ def _init_worker(memory_mb: int) -> None:
     import resource
 
     from backends.device import yield_to_server
-    from studio.workers.processes import exit_with_parent
+    from studio.workers.processes import exit_with_parent, ignore_interrupts
 
+    ignore_interrupts()  # its owner stops it (kill_pool): no KeyboardInterrupt traceback per rule worker
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     yield_to_server()
