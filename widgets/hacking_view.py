@@ -78,6 +78,7 @@ class HackingView(LazyView):
         self._matrix = ClickableHTML(object="", stylesheets=[CSS, DIFF_CSS, MATRIX_CSS], sizing_mode="stretch_width",
                                      css_classes=["disagreement"])
         self._matrix.on_click(self._on_click)
+        self._note = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["hacking-note"])
         controls = pn.FlexBox(
             pn.widgets.Select.from_param(self.param.source_a, name="Source A (reference)", width=280,
                                          css_classes=["source-a"]),
@@ -87,7 +88,7 @@ class HackingView(LazyView):
             flex_wrap="wrap", sizing_mode="stretch_width")
         # side by side while each keeps a readable width, else wrapped onto the next line
         self._layout = pn.Column(
-            controls,
+            controls, self._note,
             pn.FlexBox(pn.Column(self._length, self._corr, styles={"flex": "1 1 380px", "min-width": "0"}),
                        pn.Column(self._dominance, styles={"flex": "1 1 300px", "min-width": "0"}),
                        pn.Column(self._matrix, styles={"flex": "1 1 440px", "min-width": "0"}),
@@ -118,7 +119,7 @@ class HackingView(LazyView):
             return
         a, b = self._ids.get(self.source_a), self._ids.get(self.source_b)
         if not b:
-            self._matrix.object = '<div class="empty">No scored rollouts yet.</div>'
+            self._note.object, self._matrix.object = "", '<div class="empty">No scored rollouts yet.</div>'
             return
         try:
             tot = diagnostics.totals(self.state.store, b)
@@ -127,7 +128,7 @@ class HackingView(LazyView):
             dis = (diagnostics.disagreement(self.state.store, a, b, self.threshold_a, self.threshold_b)
                    if a and a != b else None)
         except StoreError as exc:
-            self._matrix.object = banner("error", str(exc))
+            self._note.object, self._matrix.object = "", banner("error", str(exc))
             return
         hv = holoviews()
         r = lc.set_index("rule_version_id")["r"].get(b, np.nan)
@@ -144,7 +145,9 @@ class HackingView(LazyView):
         self._dominance.object = (hv.Bars(dom, "component", "share").opts(
             **plot_opts(title="B: share of reward variance", color="#3b5bdb", height=250, ylabel="share of variance"))
             if len(dom) and dom["share"].notna().any() else None)
-        self._matrix.object = matrix_html(dis) if dis is not None else pick_two(self._ids, self.state.store)
+        # under the controls, where it is seen first: why there is no disagreement matrix
+        self._note.object = "" if dis is not None else pick_two(self._ids, self.state.store)
+        self._matrix.object = matrix_html(dis) if dis is not None else ""
 
     def _on_click(self, kind: str, value: str) -> None:
         if kind == "open" and value:

@@ -195,17 +195,18 @@ def pair_labels(labels: dict[str, str], a: str | None, b: str | None, store) -> 
     return la, lb
 
 
-def pick_two(labels: dict[str, str], store) -> str:
-    """The line a comparison shows when A and B are one version: why, and what to do."""
+def pick_two(labels: dict[str, str], store, where: str = "in the Reward rules tab") -> str:
+    """The line a comparison shows when A and B are one version: why, and what to do (apply a
+    rule ``where``)."""
     if len(set(labels.values())) < 2:
-        text = ("Only one reward version is stored, so there is nothing to compare it with yet: apply a rule "
-                "(Reward rules tab) or score with a reward model, then compare the two.")
+        text = (f"Only one reward version is stored, so there is nothing to compare it with yet: apply a rule "
+                f"{where} (or score with a reward model), then compare the two.")
     elif rules.default_pair(store)[0] is None:
-        text = ("No two reward versions have scored the same rollouts yet: apply a rule (Reward rules tab) to the "
-                "rollouts a version scored, then compare the two.")
+        text = (f"No two reward versions have scored the same rollouts yet: apply a rule {where} to the rollouts "
+                "a version scored, then compare the two.")
     else:
         text = "A and B are the same version: pick two different versions to compare."
-    return f'<div class="empty pick-two">{esc(text)}</div>'
+    return banner("info", text)
 
 
 class RulePanel(LazyView):
@@ -290,20 +291,21 @@ class RulePanel(LazyView):
             pn.widgets.Select.from_param(self.param.version_b, name="Version B (after)", width=320,
                                          css_classes=["version-b"]),
             pn.Column(pn.Spacer(height=18), self._retrain), flex_wrap="wrap", sizing_mode="stretch_width")
-        views = pn.Column(
-            self._summary,
-            pn.FlexBox(pn.widgets.RadioButtonGroup.from_param(self.param.diff_show, name="", button_type="light",
-                                                              css_classes=["diff-show"]),
-                       pn.widgets.Select.from_param(self.param.diff_component, name="", width=200,
-                                                    css_classes=["diff-component"]), flex_wrap="wrap"),
-            styles={"flex": "1 1 420px", "min-width": "0"}, sizing_mode="stretch_width")
+        self._filters = pn.FlexBox(
+            pn.widgets.RadioButtonGroup.from_param(self.param.diff_show, name="", button_type="light",
+                                                   css_classes=["diff-show"]),
+            pn.widgets.Select.from_param(self.param.diff_component, name="", width=200, css_classes=["diff-component"]),
+            flex_wrap="wrap")
+        views = pn.Column(self._summary, self._filters, styles={"flex": "1 1 420px", "min-width": "0"},
+                          sizing_mode="stretch_width")
+        self._hist_box = pn.Column(self._hist, styles={"flex": "1 1 380px", "min-width": "0"},
+                                   sizing_mode="stretch_width")
         self._layout = pn.Column(
             pn.FlexBox(editor, settings, flex_wrap="wrap", sizing_mode="stretch_width"),
             pn.pane.HTML('<div class="section-title">Compare two versions</div>', stylesheets=[CHANGES_CSS],
                          sizing_mode="stretch_width"),
             pickers,
-            pn.FlexBox(pn.Column(self._hist, styles={"flex": "1 1 380px", "min-width": "0"},
-                                 sizing_mode="stretch_width"), views, flex_wrap="wrap", sizing_mode="stretch_width"),
+            pn.FlexBox(self._hist_box, views, flex_wrap="wrap", sizing_mode="stretch_width"),
             self._diff, sizing_mode="stretch_width")
         self._refresh_versions()
 
@@ -456,8 +458,9 @@ class RulePanel(LazyView):
             return
         a, b = self._labels.get(self.version_a), self._labels.get(self.version_b)
         self._d = None
+        self._filters.visible = self._hist_box.visible = False  # shown again with a diff to draw
         if not a or not b or a == b:
-            self._summary.object = pick_two(self._labels, self.state.store) if a else '<div class="empty">No rule version yet.</div>'
+            self._summary.object = pick_two(self._labels, self.state.store, "above") if a else '<div class="empty">No rule version yet.</div>'
             self._diff.object, self._hist.object = "", None
             return
         try:
@@ -472,6 +475,7 @@ class RulePanel(LazyView):
                 self.diff_component = ANY
         self._summary.object = summary_html(self._d)
         self._hist.object = reward_hist(self._d) if len(self._d.rows) else None
+        self._filters.visible = self._hist_box.visible = bool(len(self._d.rows))
         self._draw()
 
     @param.depends("diff_show", "diff_component", watch=True)

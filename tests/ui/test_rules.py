@@ -82,7 +82,7 @@ def show(page, label: str, needle: str) -> str:
 def test_edit_check_apply_diff_and_switch_version_back(page):
     # one version stored: the comparisons say so instead of comparing it with itself
     page.locator(".lower-tabs .bk-tab", has_text="Reward hacking").click()
-    wait_text(page, page.locator(".disagreement"), "Only one reward version is stored")
+    wait_text(page, page.locator(".hacking-note"), "Only one reward version is stored")
     page.locator(".lower-tabs .bk-tab", has_text="Reward rules").click()
     expect(page.locator(".rule-editor .ace_content")).to_be_visible(timeout=20_000)
     assert "def reward(prompt, completion, gold, steps, **ctx)" in text(page.locator(".rule-editor"))
