@@ -153,8 +153,9 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     sync_policies()
     state.param.watch(sync_policies, ["refresh"])
     policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
+    # a folded group, its chevron drawn (the page's CSS leaves Panel's chevron without a stroke)
     group = dict(sizing_mode="stretch_width", header_background="#f1f3f5", margin=(6, 8), collapsible=True,
-                 styles={"border-radius": "6px"})
+                 styles={"border-radius": "6px"}, stylesheets=[".card-button svg { stroke:#495057; }"])
     if runs_code:
         run_code = pn.Card(policy_pick, GeneratePanel(state=state), title="Generate", collapsed=False,
                            css_classes=["generate-card"], **{**group, "header_background": "#eef2ff"})
