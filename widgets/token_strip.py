@@ -539,14 +539,10 @@ def tree_forks(store, rollout_id: str, lineage: tuple | None) -> tuple[pd.DataFr
     return tdf, forks.forks(store, tdf)
 
 
-UNSURE_HELP = ("unsure: the policy split its probability between choices here (high entropy). The default "
-               "minimum, 0.5 nats, is above every sample-policy token whose top choice had > 90%. Whether the "
-               "choice matters is what branching finds out (◆ pivotal).")
-
-
 def fork_key_html(thr: Threshold, branch: bool = False) -> str:
-    """The legend line that says in words what ▾ means, with the threshold, the rule and the share
-    of the scope's tokens it marks (``branch``: the shown rollout is judged as its tree's root)."""
+    """The legend line that says in words what ▾ means: the threshold, the share of the scope's
+    tokens it marks, and which part of the rule decides it (``branch``: the shown rollout is judged
+    as its tree's root)."""
     if thr.value is None:
         return '<div class="legend"><span class="lg-help">no token entropies in this scope: no token marked unsure</span></div>'
     rule = thr.rule
@@ -555,16 +551,16 @@ def fork_key_html(thr: Threshold, branch: bool = False) -> str:
     if rule.absolute is not None:
         why = "a fixed threshold"
     elif thr.floored:
-        why = (f"the {rule.min_entropy:.2f}-nat minimum; the top {rule.q:.0%} of {whose}'s tokens "
-               f"starts at {thr.quantile:.2g}")
+        why = (f"the {rule.min_entropy:.2f}-nat minimum decides; the top {rule.q:.0%} of the tokens of {whose} "
+               f"starts at {thr.quantile:.2g} nats")
     else:
-        why = f"the top {rule.q:.0%} of {whose}'s tokens" + (
+        why = f"the top {rule.q:.0%} of the tokens of {whose} decides" + (
             f", above the {rule.min_entropy:.2f}-nat minimum" if rule.min_entropy > 0 else "")
-    share = "" if thr.share is None else f" · {thr.share:.1%} of {whose}'s {thr.n_tokens:,} tokens"
-    return (f'<div class="legend fork-key" data-threshold="{thr.value:.6g}"><span class="fork-mark"></span>'
-            f'<span class="lg-name">unsure</span><span class="lg-info" title="{esc(UNSURE_HELP)}">ⓘ</span>'
-            f'<span>entropy ≥ <b>{thr.value:.2f}</b> nats ({esc(why)}){esc(share)} · click any token to branch there'
-            '</span></div>')
+    share = "" if thr.share is None else f" · {thr.share:.1%} of the {thr.n_tokens:,} tokens of {whose}"
+    return (f'<div class="legend fork-key" data-threshold="{thr.value:.6g}"><span><span class="fork-mark"></span>'
+            f'<span class="lg-name">unsure</span> entropy ≥ <b>{thr.value:.2f}</b> nats{esc(share)} · '
+            f'click any token to branch there</span>'
+            f'<span class="lg-help">where the policy split its choice: {esc(why)}</span></div>')
 
 
 def branched_key_html(explored: dict[int, forks.Fork]) -> str:
@@ -572,13 +568,13 @@ def branched_key_html(explored: dict[int, forks.Fork]) -> str:
     if not explored:
         return ""
     n_pivotal = sum(f.pivotal for f in explored.values())
-    parts = [f'<span class="pivot-mark">◆</span><span class="lg-name">pivotal</span>'
-             f'<span>branching here moved the mean reward by ≥ {forks.PIVOTAL_SPREAD:g} ({n_pivotal})</span>']
+    text = (f'<span class="pivot-mark">◆</span> <span class="lg-name">pivotal</span> branching here moved the mean '
+            f'reward by ≥ {forks.PIVOTAL_SPREAD:g} ({n_pivotal})')
     if len(explored) > n_pivotal:
-        parts.append(f'<span class="branched-mark">◇</span><span>branched, values within '
-                     f'{forks.PIVOTAL_SPREAD:g} ({len(explored) - n_pivotal})</span>')
-    return (f'<div class="legend fork-key branched-key">{"".join(parts)}'
-            '<span class="muted">· hover one for the value of each choice</span></div>')
+        text += (f' · <span class="branched-mark">◇</span> branched, values within {forks.PIVOTAL_SPREAD:g} '
+                 f'({len(explored) - n_pivotal})')
+    return (f'<div class="legend fork-key branched-key"><span>{text}'
+            ' <span class="muted">· hover one for the value of each choice</span></span></div>')
 
 
 # the tree's marks on the strip (the ▾ of an unsure token is in ``widgets.base.style.CSS``)

@@ -302,7 +302,7 @@ def test_unsure_marks_follow_the_rule_and_the_tree_marks_a_pivotal_token(page):
     expect(page.locator(".fork-abs input")).to_be_hidden()  # settings appear only where they act
     page.locator(".fork-min input").fill("0")
     page.locator(".fork-min input").press("Tab")
-    wait_text(page, legend, "nats (the top 20% of this run's tokens)")  # the quantile decides now
+    wait_text(page, legend, "the top 20% of the tokens of this run decides")
     assert "minimum" not in text(legend)
     trl = marked(page, "fork")
     assert default < trl, (default, trl)  # the top 20 % alone marks tokens the policy was sure of
