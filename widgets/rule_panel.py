@@ -42,6 +42,7 @@ table.diff td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowra
 table.diff tr.diff-row { cursor:pointer; } table.diff tr.diff-row:hover { background:#edf2ff; }
 table.diff.fit { table-layout:fixed; }
 table.diff.fit td, table.diff.fit th { overflow:hidden; text-overflow:ellipsis; }
+table.diff.fit td.mono { white-space:nowrap; }  /* one line per rollout, newlines and all */
 td.mono { font-family:'DejaVu Sans Mono', monospace; white-space:pre; }
 .flip { color:#c92a2a; font-weight:700; }
 .banner.ok { background:#ebfbee; border:1px solid #8ce99a; color:#2b8a3e; }
@@ -117,6 +118,8 @@ def _rollout_rows(rows, ids: list[str]) -> str:
         for r in rows.loc[ids].reset_index().itertuples(index=False))
 
 
+LISTED = {"changed": "changed reward", "flips": "advantage changed sign", "all_equal": "all-equal state changed",
+          "all": "all scored"}  # what the rollouts of each view are, in the list's count line
 EMPTY = {"changed": "No reward changed.", "flips": "No rollout's advantage changed sign.",
          "all_equal": "No group became or stopped being all-equal.", "all": "No rollout is scored by both versions."}
 
@@ -130,8 +133,7 @@ def changes_html(d: rules.Diff, show: str = "changed", component: str | None = N
     if d.rows.empty:
         return ""
     rows = diff_views.pick(d, show, component)
-    what = {"changed": "changed reward", "flips": "advantage changed sign", "all_equal": "all-equal state changed",
-            "all": "all scored"}[show] + (f" · component {component}" if component else "")
+    what = LISTED[show] + (f" · component {component}" if component else "")
     groups = ""
     if show == "all_equal":
         items = [f'<li>{label}: <span class="link" data-click="group" data-value="{esc(g.group_id)}">open group'
