@@ -21,9 +21,10 @@ Three figures, on a fresh temporary store seeded with the sample rollouts:
 
 ``forking_token_share``
     The share of the sample run's tokens at or above the default fork threshold
-    (``studio.queries.forks.threshold`` with ``ForkRule()``: the top 20 % by entropy in the run).
-    With a quantile rule that share is about q by construction, so the script also prints
-    the threshold in nats, the share of the run's entropy mass those tokens carry, and the
+    (``studio.queries.forks.threshold`` with ``ForkRule()``: the top 20 % by entropy in the run
+    that also have at least 0.5 nats, the tokens the strip marks unsure). The top 20 % alone
+    is about q by construction, so the script also prints its threshold in nats (TRL's rule,
+    ``ForkRule(min_entropy=0)``), the share of the run's entropy mass the marked tokens carry, and the
     share of tokens at or above 0.672 nats (the 80th-percentile token entropy reported in
     "Beyond the 80/20 Rule"): the non-tautological evidence
     that a minority of tokens carries most of the uncertainty. Baseline: the paper's 20 %.
@@ -105,10 +106,12 @@ def token_share(store) -> dict:
         "SELECT run_id, min(rollout_id) FROM rollouts WHERE parent_rollout_id IS NULL "
         "GROUP BY run_id ORDER BY count(*) DESC LIMIT 1").fetchone()
     thr = threshold(store, ForkRule(), any_rollout)
+    trl = threshold(store, ForkRule(min_entropy=0), any_rollout)
     ent = store.df("""SELECT t.entropy FROM tokens t JOIN rollouts ro USING (rollout_id)
                       WHERE ro.run_id = ? AND t.entropy IS NOT NULL""", [run_id])["entropy"].to_numpy(np.float64)
     hi = ent >= thr.value
     return {"run_id": run_id, "n_tokens": thr.n_tokens, "threshold": thr.value, "share": thr.share,
+            "trl_threshold": trl.value, "trl_share": trl.share,
             "mass_share": float(ent[hi].sum() / ent.sum()) if ent.sum() > 0 else float("nan"),
             "paper_share": float((ent >= PAPER_P80_NATS).mean()),
             "paper_mass_share": float(ent[ent >= PAPER_P80_NATS].sum() / ent.sum()) if ent.sum() > 0 else float("nan"),
@@ -394,8 +397,10 @@ def main() -> None:
     # ---------------------------------------------------------------- report
     print()
     print(f"forking tokens, sample run {share['run_id']} ({share['n_tokens']:,} tokens):")
-    print(f"  default rule (top 20 % by entropy in the run): threshold {share['threshold']:.3f} nats; "
-          f"{share['share']:.1%} of tokens at or above it (about q by construction)")
+    print(f"  default rule (top 20 % by entropy in the run, at least 0.5 nats): threshold {share['threshold']:.3f} "
+          f"nats; {share['share']:.1%} of tokens at or above it")
+    print(f"  the top 20 % alone (TRL's rule): threshold {share['trl_threshold']:.4f} nats; "
+          f"{share['trl_share']:.1%} of tokens (about q by construction)")
     print(f"  those tokens carry {share['mass_share']:.1%} of the run's entropy mass")
     print(f"  entropy quantiles: median {share['p50']:.3f}, 80th percentile {share['p80']:.3f} nats; "
           f"{share['zero_share']:.1%} of tokens below 0.001 nats")
