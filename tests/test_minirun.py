@@ -375,3 +375,39 @@ def test_rows_sharing_a_prompt_share_its_forward_pass_with_the_same_log_probs_an
         (g_shared, lp_shared), (g_whole, lp_whole) = grads
         assert torch.allclose(lp_shared, lp_whole, atol=1e-4)
         assert all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in zip(g_shared, g_whole, strict=True))
+
+
+# ---------------------------------------------------------------------------- defaults a user relies on
+
+def test_the_default_pool_brings_every_prompt_back_at_several_steps():
+    """The Timeline tab follows a prompt across the steps that drew it: with the default
+    settings every prompt of the pool is drawn at 3 steps or more, and never twice in a step."""
+    from studio.runs.training.loop import prompt_order
+
+    cfg = MiniRunConfig()
+    order = prompt_order(cfg.n_prompts, cfg)[:cfg.steps * cfg.prompts_per_step]
+    steps_of = {}
+    for i, p in enumerate(order):
+        steps_of.setdefault(int(p), []).append(i // cfg.prompts_per_step + 1)
+    assert set(steps_of) == set(range(cfg.n_prompts))  # every prompt of the pool is drawn
+    assert min(len(set(s)) for s in steps_of.values()) >= 3
+    assert all(len(s) == len(set(s)) for s in steps_of.values())
+    # a pass over the pool ends before any prompt comes back
+    assert sorted(order[:cfg.n_prompts]) == list(range(cfg.n_prompts))
+
+
+def test_sampling_and_a_training_forward_raise_no_deprecation_warning():
+    """The KV cache is passed and read under the installed transformers' current name, so a
+    Generate or a mini-run step prints no FutureWarning into the studio's console."""
+    import warnings
+
+    from backends import load_policy
+
+    policy = load_policy(POLICY_DIR)
+    tok = policy.tokenizer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gens = policy.sample(["Q: 12+34=", "Q: 5*6="], n=2, max_new_tokens=6, seed=0)
+        p_ids = [tok(g.prompt)["input_ids"] for g in gens]  # rows share prompts: the shared-prefill path
+        completion_logps(policy.model, p_ids, [list(g.token_ids) or [0] for g in gens], tok.pad_token_id or 0)
+    assert not [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]

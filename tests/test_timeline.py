@@ -291,3 +291,35 @@ def test_panel_draws_only_when_shown_then_follows_the_selection(store):
     view.param.update(b_run=rb)
     view.param.update(b_step="step 2")
     assert "No prompt is on both sides" in view._summary.object and not view._scatter.visible
+
+
+def test_a_run_without_a_timeline_says_why(store):
+    """Run "rb" has two steps but no prompt at both: the tab says so, and for a mini-run with its
+    numbers (its steps drew fewer prompts than its pool holds) and what to change."""
+    from widgets.base.state import StudioState
+    from widgets.timeline_html import no_timeline_text
+    from widgets.timeline_panel import TimelinePanel
+
+    view = TimelinePanel(state=StudioState(store=store), shown=True)
+    view.run = next(k for k, v in view._runs.items() if v == "rb")
+    assert view.prompt_id() is None and not view._plot.visible
+    assert "No prompt of this run was sampled at 2+ steps: each step drew different prompts" in view._prompt_info.object
+    view.search = "P2"
+    assert "containing &#x27;P2&#x27;" in view._prompt_info.object
+    # a mini-run of 50 steps of 8 prompts over a pool of 4,096 (the old default): 400 draws, none twice
+    said = no_timeline_text(50, {"n_prompts": 4096, "prompts_per_step": 8, "steps": 50})
+    assert "its 50 steps drew 400 prompts from a pool of 4,096 (n_prompts)" in said and "50 × 8 over 128" in said
+
+
+def test_timeline_plots_tick_whole_steps():
+    """Training steps are whole numbers on every timeline axis (no 1.5 between steps)."""
+    from widgets.base.plots import holoviews
+    from widgets.timeline_plots import entropy_plot, length_plot, reward_plot
+
+    df = pd.DataFrame({"train_step": [1, 2, 3], "reward_mean": [0.1, 0.5, 0.7], "reward_min": [0.0, 0.0, 0.5],
+                       "reward_max": [1.0, 1.0, 1.0], "accuracy": [0.1, 0.4, 0.6], "n": [8, 8, 8],
+                       "all_equal": [False, True, None], "entropy": [1.0, np.nan, 0.5], "with_tokens": [8, 0, 8],
+                       "length": [10.0, 12.0, 9.0]})
+    for plot in (reward_plot(df, 2, {}), entropy_plot(df, 2, {}), length_plot(df, 2, {})):
+        ticker = holoviews().render(plot).xaxis[0].ticker
+        assert ticker.min_interval == 1 and ticker.num_minor_ticks == 0

@@ -404,7 +404,9 @@ class MiniRunPanel(LazyView):
             ov = hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
                                                  show_legend=False, tools=["hover", "tap"], **step_ticks()))
             plots.append(ov)
-        self._legend.object = legend_html([(names[r], r, colors[r]) for r in ids if r in names])
+        # every run picked, one that has no step yet included: its curves start here
+        picked = {rid: label.rsplit(" · ", 1)[0] for label, rid in self._run_ids.items()}
+        self._legend.object = legend_html([(picked.get(r, names.get(r, r)), r, colors[r]) for r in ids])
         layout = hv.Layout(plots).cols(3).opts(shared_axes=False)
         watched = self.watched_id()
         tap = hv.streams.Tap(source=plots[0], x=None)

@@ -1,6 +1,7 @@
 """Mini-runs in real Chromium: "Retrain with this rule" opens the form with the rule, a
 short run starts, two tabs both follow it to the end, the curves draw, a step's rollouts
-open in the table, and the trained checkpoint becomes a policy the sidebar offers."""
+open in the table, the trained checkpoint becomes a policy the sidebar offers, and a second run's
+curves are drawn over the first's."""
 from __future__ import annotations
 
 import os
@@ -83,3 +84,15 @@ def test_a_mini_run_from_the_rule_panel_to_the_table(browser, server):
                 break
             page.wait_for_timeout(200)
         assert page.locator(".compare-policy input").input_value().endswith("step-00004")
+        # a second run is drawn over the first: its curves start beside the previous run's, not on a blank
+        page.locator(".lower-tabs .bk-tab", has_text="Mini-runs").click()
+        page.locator(".run-name input").fill("ui run two")
+        page.locator(".run-name input").press("Enter")
+        page.wait_for_timeout(300)
+        page.locator(".start-run button").click()
+        wait_text(page, page.locator(".run-message"), "started")
+        legend = wait_text(page, page.locator(".run-legend"), "ui run two", timeout_s=30)
+        assert legend.count("ui run") == 2, legend  # the finished run stays on the plots
+        page.wait_for_selector(".run-curves canvas", timeout=30_000)
+        page.locator(".stop-run button").click()
+        wait_text(page, page.locator(".run-state"), "stopped", timeout_s=240)

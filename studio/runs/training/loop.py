@@ -30,6 +30,16 @@ from studio.signals import advantages as adv_mod
 from studio.workers.processes import exit_with_parent
 
 
+def prompt_order(n_prompts: int, cfg: MiniRunConfig) -> np.ndarray:
+    """Which prompt each draw of the run takes (step k takes draws (k-1)·p .. k·p-1, p prompts per
+    step): the pool a pass at a time, each pass a seeded permutation, so no prompt comes back
+    before every other was drawn, and a pool smaller than steps × prompts per step brings each
+    prompt back at several steps (what the Timeline tab follows)."""
+    rng = np.random.default_rng(cfg.seed)
+    passes = (cfg.steps * cfg.prompts_per_step) // max(1, n_prompts) + 2
+    return np.concatenate([rng.permutation(n_prompts) for _ in range(passes)])
+
+
 def _picked(prompts: list, order: np.ndarray, step: int, per_step: int) -> list:
     lo = (step - 1) * per_step
     return [prompts[int(i)] for i in order[lo:lo + per_step]]
@@ -102,10 +112,7 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     reward_fn = RewardFn(reward_spec, task)
     queue.put({"type": "started", "device": device, "parameters": sum(p.numel() for p in params)})
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    rng = np.random.default_rng(cfg.seed)
-    order = [rng.permutation(len(prompts))
-             for _ in range((cfg.steps * cfg.prompts_per_step) // max(1, len(prompts)) + 2)]
-    order = np.concatenate(order)
+    order = prompt_order(len(prompts), cfg)
     last_ckpt = start_step - 1
     step = start_step
     overlap = cfg.overlap and not cfg.lora and device == "cpu" and (os.cpu_count() or 1) >= 2
