@@ -199,3 +199,30 @@ STRIP_SPECIAL = {"↵": "\n", "⇥": "\t"}  # the strip shows these two tokens a
 def strip_text(page) -> str:
     toks = page.locator(".token-strip .tok").evaluate_all("els => els.map(e => e.firstChild.textContent)")
     return "".join(t for t in toks if t != "<eos>")
+
+
+TAB_MARKERS = {  # each lower tab, and an element only its view draws
+    "Group view": ".group-grid", "Entropy landscape": ".landscape-summary", "Compare policies": ".compare-button",
+    "Reward rules": ".rule-editor", "Reward hacking": ".length-corr", "Advantages & steps": ".ig-button",
+    "Mini-runs": ".start-run", "Preference data": ".build-pairs", "Timeline & diff": ".timeline-prompt",
+    "Import & enrich": ".import-source", "SQL": ".sql-run",
+}
+
+
+def open_tab(page, title: str, wait: bool = True) -> None:
+    """Open the lower tab ``title`` as a person does (a click on its header); with ``wait``, until its
+    view's marker (:data:`TAB_MARKERS`) is visible."""
+    page.locator(".lower-tabs .bk-tab", has_text=title).click()
+    if wait and title in TAB_MARKERS:
+        page.locator(TAB_MARKERS[title]).first.wait_for(state="visible", timeout=30_000)
+
+
+def set_sidebar(page, open: bool) -> None:
+    """Open or close the page's sidebar with the header's toggle, as a person does."""
+    toggle = page.locator("#sidebar-toggle")
+    if (toggle.get_attribute("aria-expanded") == "true") != open:
+        toggle.click()
+        # Bootstrap slides it (class "collapsing" meanwhile); then the page lays out again, in the next frames
+        page.wait_for_function("o => { const c = document.getElementById('sidebar').classList;"
+                               " return !c.contains('collapsing') && c.contains('show') === o; }", arg=open)
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")

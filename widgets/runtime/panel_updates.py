@@ -15,12 +15,18 @@ model graph. Three panes change on a rollout click, so each person's first click
 page three times; with twenty people starting to browse together that was a third of the
 server's Python time. :func:`prime_stylesheets` gives a built page's HTML panes their full
 stylesheets at once, in one walk, as the page opens.
+
+A component added to a page after it opened can also point a stylesheet at Panel's CDN: Panel
+moves them to the server's copy as it makes a component's model, except where a component makes
+its model itself (``pn.layout.Divider``); the page's first models are moved as the page is sent.
+:func:`added_to_page` does both for what a callback adds.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from bokeh.document import Document
+from panel.io.resources import patch_model_css
 from panel.pane.markup import HTMLBasePane
 from panel.reactive import Reactive
 from panel.viewable import Viewable
@@ -50,3 +56,15 @@ def prime_stylesheets(roots: Iterable[Viewable], doc: Document) -> None:
                         sheets = pane._get_properties(doc).get("stylesheets")
                         if sheets is not None:
                             model.stylesheets = sheets
+
+
+def added_to_page(root: Viewable, doc: Document) -> None:
+    """Give the models just made for ``root`` in ``doc`` (held, not sent yet) the stylesheets of
+    the page's own: on this server, not Panel's CDN (the studio requests nothing from the network),
+    and complete (:func:`prime_stylesheets`)."""
+    dist_url = doc._template_variables.get("dist_url")
+    if dist_url:
+        for model, _parent in list(root._models.values()):
+            if model.document is doc:
+                patch_model_css(model, dist_url=dist_url)
+    prime_stylesheets([root], doc)
