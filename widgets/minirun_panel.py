@@ -49,6 +49,7 @@ table.diff td.run { font-weight:600; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
 .delta { color:#868e96; font-size:11px; }
 .muted { color:#868e96; font-weight:400; }
+.scroll-x { overflow-x:auto; max-width:100%; }
 """
 SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
          "all_equal_share": "all-equal", "step_s": "s / step"}
@@ -85,8 +86,10 @@ def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
                     f'<td>{esc(r["estimator"] or "–")}</td><td>{r["learning_rate"] or 0:g}</td>'
                     f'<td class="muted">{esc((r["reward"] or "–")[:28])}</td>{"".join(cells)}</tr>')
     return ('<div class="meta-line"><b>runs side by side</b><span>each metric: mean of the last 5 steps (of the '
-            'last half in shorter runs), and its change since the first ones</span></div><table class="diff summary-table"><tr><th>run</th><th>status</th>'
-            f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table>')
+            'last half in shorter runs), and its change since the first ones</span></div>'
+            # wider than the tab with many metrics: it scrolls sideways in its box, the page does not
+            '<div class="scroll-x"><table class="diff summary-table"><tr><th>run</th><th>status</th>'
+            f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table></div>')
 
 
 def legend_html(runs: list[tuple[str, str, str]]) -> str:
