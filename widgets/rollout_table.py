@@ -1,10 +1,17 @@
-"""Rollout table: filter by run, prompt, correctness and reward range; page through the
-rows, newest first; select a row to open it in the token strip and its group in the group view.
+"""Rollout table: filter by run, prompt, correctness, reward range and training step; page
+through the rows, newest first; select a row to open it in the token strip and its group in the
+group view. The row of the rollout the page shows (``state.rollout_id``) is selected whenever it
+is on the page shown, however it was opened.
+
+What RL needs fits the table card without a horizontal scroll (~470 px with the sidebar open on a
+1280 px screen): prompt, completion, *reward*, *adv.* (advantage), *ok* (✓ / ✗), *len* (tokens)
+and *fork* (a branch's fork position, ``⑂ 14``; blank for a sampled rollout, so branches differ
+from their parents at a glance).
 
 Correctness (the *ok* column and the correctness filter) is the rollout's own
 (``rollouts.correct``: its task's check of the final answer, or an import's correctness field;
-blank when there is no gold answer), never read from a reward version. Every row says which rule
-version its reward comes from (the *version* column). A reward range or a sort by reward reads one
+blank when there is no gold answer), never read from a reward version. The line above the rows
+names the rule versions the page's rewards come from. A reward range or a sort by reward reads one
 version (``queries.table.reward_source``): under "latest scoring", the newest that scored the
 rows, and when the rows hold rewards of several versions a note above the table names them.
 
@@ -16,24 +23,37 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import panel as pn
 import param
 from bokeh.models.widgets.tables import NumberFormatter
 
 from studio import queries
+from studio.queries.table import train_steps
 from studio.store import StoreError
 
 from .base.pickers import run_labels
 from .base.state import StudioState
-from .base.style import CSS, banner
+from .base.style import CSS, banner, esc
 
 ALL_RUNS = "All runs"
+ALL_STEPS = "all steps"
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 # the shown columns and the two a click needs (hidden): every column is sent to the browser and
 # taken row by row by Panel on each click, so the page frame holds nothing else
-COLUMNS = ["rollout_id", "prompt", "completion", "reward", "version", "advantage", "correct", "n_tokens", "fork_pos",
-           "group_id"]
+COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "group_id"]
+# header titles short enough for their columns; the fixed widths (px) leave the completion the rest of the card
+TITLES = {"reward": "reward", "advantage": "adv.", "correct": "ok", "n_tokens": "len", "fork_pos": "fork"}
+WIDTHS = {"prompt": 74, "reward": 70, "advantage": 58, "correct": 38, "n_tokens": 44, "fork_pos": 50}
+# the sort arrow sits in the header's right padding: a narrow one, so a short title is never cut; rows of 28 px,
+# so a page's 18 rows show without a vertical scroll either
+TABLE_CSS = (":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"
+             " :host .tabulator-col-content { padding: 6px 4px !important; }"
+             " :host .tabulator-col.tabulator-sortable .tabulator-col-title { padding-right: 12px !important; }"
+             " :host .tabulator-col-sorter { right: 0 !important; }"
+             " :host .tabulator-row { min-height: 28px !important; } :host .tabulator-cell { padding: 4px !important; }"
+             " :host .tabulator-placeholder-contents { font-size: 13px; color: #495057; }")
 
 
 class RolloutTable(pn.viewable.Viewer):
@@ -51,21 +71,16 @@ class RolloutTable(pn.viewable.Viewer):
     def __init__(self, **params):
         super().__init__(**params)
         self._run_ids: dict[str, str] = {}
+        self._steps: tuple[tuple, list[int]] | None = None  # (run id, refresh) -> its training steps
         self._table = pn.widgets.Tabulator(
             pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
             selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
-            hidden_columns=["rollout_id", "group_id"],
-            titles={"n_tokens": "len", "advantage": "adv.", "correct": "ok", "fork_pos": "fork",
-                    "version": "reward version"},
+            hidden_columns=["rollout_id", "group_id"], titles=TITLES, widths=WIDTHS,
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross", "allowEmpty": True}},
-            widths={"prompt": 112, "completion": 190, "reward": 70, "version": 110, "advantage": 70, "correct": 40,
-                    "n_tokens": 48, "fork_pos": 50},
-            stylesheets=[":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"
-                         " :host .tabulator-col-content { padding: 6px 4px !important; }"
-                         " :host .tabulator-col-sorter { right: 2px !important; }"],
-            header_align="left", css_classes=["rollout-table"],
+            configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30, "tooltip": True}},
+            stylesheets=[TABLE_CSS], header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
         self._note = pn.pane.HTML("", margin=(0, 10), css_classes=["table-versions"], visible=False,
@@ -81,6 +96,10 @@ class RolloutTable(pn.viewable.Viewer):
         self._older.on_click(lambda _: self._turn(+1))
         self._pager = pn.Row(pn.layout.HSpacer(), self._newer, self._page_input, self._pages, self._older,
                              sizing_mode="stretch_width", css_classes=["table-pager"])
+        # the training steps of the picked run (hidden when it has none): label -> step (None: every step)
+        self._step_pick = pn.widgets.Select(name="Training step", options={ALL_STEPS: None}, value=None,
+                                            sizing_mode="stretch_width", css_classes=["train-step"], visible=False)
+        self._step_pick.param.watch(self._on_step_pick, "value")
         self._n_rows = self._total = 0  # rows under the filter (over all pages), rollouts in the store
         self._counted: tuple | None = None  # what they were counted for: filter, scoring and refresh (_counts_key)
         self._sort: tuple[str, bool] | None = None  # (column, descending); None: newest first
@@ -95,8 +114,7 @@ class RolloutTable(pn.viewable.Viewer):
             pn.widgets.RadioButtonGroup.from_param(self.param.correctness, name="Correctness",
                                                    color="light", sizing_mode="stretch_width"),
             self._slider,
-            pn.widgets.IntInput.from_param(self.state.param.train_step, name="Training step (-1: all)",
-                                           sizing_mode="stretch_width", css_classes=["train-step"]),
+            self._step_pick,
             pn.widgets.TextInput.from_param(self.state.param.branches_of, name="Branches of rollout",
                                             placeholder="rollout id (set from the fork panel)",
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
@@ -104,7 +122,7 @@ class RolloutTable(pn.viewable.Viewer):
         )
         self._layout = pn.Column(self._count, self._note, self._table, self._pager, sizing_mode="stretch_width")
         self._updating_choices = False
-        self._selecting = False
+        self._selecting = False  # the table's selection is being set here, not clicked
         self.state.add_preloader(self._preload)
         self._refresh_choices()
 
@@ -127,6 +145,8 @@ class RolloutTable(pn.viewable.Viewer):
         st = self.state
         found[("run_labels",)] = self._run_labels()
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
+        run_id = self._run_ids.get(self.run)
+        found[("train_steps", run_id)] = train_steps(st.store, run_id)
         f = self.current_filter()
         key = self._rows_key(f, self.page)
         found[key] = rows, n_rows = self._read(key)
@@ -180,6 +200,34 @@ class RolloutTable(pn.viewable.Viewer):
         if at_bounds or not (lo <= self.reward_range[0] <= self.reward_range[1] <= hi):
             self.reward_range = (lo, hi)
 
+    def _steps_of(self, run_id: str | None) -> list[int]:
+        """The training steps of ``run_id`` (of every run: None), read once per run and refresh."""
+        key = (run_id, self.state.refresh)
+        if self._steps is None or self._steps[0] != key:
+            self._steps = key, self.state.preloaded(("train_steps", run_id), lambda: train_steps(self.state.store, run_id))
+        return self._steps[1]
+
+    def _sync_steps(self) -> None:
+        """Offer the picked run's training steps, the state's step picked; hidden when the run has
+        none and no step is picked (a step the run lacks stays offered while picked: its rows are none)."""
+        steps = self._steps_of(self._run_ids.get(self.run))
+        step = self.state.train_step
+        if step is not None and step not in steps:
+            steps = sorted([*steps, step])
+        options = {ALL_STEPS: None, **{f"step {s}": s for s in steps}}
+        self._updating_choices = True
+        try:
+            with pn.io.hold():
+                if options != self._step_pick.options:
+                    self._step_pick.options = options
+                self._step_pick.param.update(value=step, visible=len(options) > 1)
+        finally:
+            self._updating_choices = False
+
+    def _on_step_pick(self, event) -> None:
+        if not self._updating_choices and event.new != self.state.train_step:
+            self.state.train_step = event.new
+
     def current_filter(self) -> queries.RolloutFilter:
         lo, hi = self.reward_range
         blo, bhi = self.param.reward_range.bounds
@@ -189,7 +237,7 @@ class RolloutTable(pn.viewable.Viewer):
             correct={"all": None, "correct": True, "incorrect": False}[self.correctness],
             reward_min=None if lo <= blo else lo, reward_max=None if hi >= bhi else hi,
             branches_of=self.state.branches_of.strip() or None,
-            train_step=self.state.train_step if self.state.train_step >= 0 else None,
+            train_step=self.state.train_step,
         )
 
     @param.depends("state.jump_run", watch=True)
@@ -210,6 +258,7 @@ class RolloutTable(pn.viewable.Viewer):
         first page when the filter itself changed."""
         if self._updating_choices:
             return
+        self._sync_steps()
         f = self.current_filter()
         changed = f != self.state.table_filter
         if changed:  # param calls an equal new filter a change: views would redraw for nothing
@@ -255,29 +304,61 @@ class RolloutTable(pn.viewable.Viewer):
         if self.page > self._n_pages():  # rows went (a narrower scoring): the last page there is
             self.page = self._n_pages()
             return
-        shown = df.index[df["rollout_id"] == self.state.rollout_id].tolist()
         self._selecting = True
         try:
-            self._table.param.update(value=df, selection=shown[:1])
+            # the rows first, then the selection: Panel carries a held selection over to new rows by
+            # reading the old rows at its positions, so a selection set together with the rows was read
+            # against the old ones (an IndexError when they were fewer: a filter that had emptied the table)
+            self._table.value = df
         finally:
             self._selecting = False
+        self._select_shown()
         groups = list(dict.fromkeys(df["group_id"]))
         if groups != self.state.page_groups:
             self.state.page_groups = groups
+        self._show_counts(df)
+
+    def _show_counts(self, df: pd.DataFrame) -> None:
+        """The line above the rows (how many match, which rows are shown, whose rewards) and the pager."""
+        n_pages = self._n_pages()
+        self._newer.disabled, self._older.disabled = self.page <= 1, self.page >= n_pages
+        self._pages.object = (f'<span style="font-size:13px;color:#495057">of {n_pages:,} '
+                              f'page{"s" if n_pages > 1 else ""}</span>')
+        self._pager.visible = self._n_rows > 0  # an empty table says so itself ("no rollouts match")
         first = (self.page - 1) * PAGE_SIZE
-        self._newer.disabled, self._older.disabled = self.page <= 1, self.page >= self._n_pages()
-        self._pages.object = f'<span style="font-size:13px;color:#495057">of {self._n_pages():,} pages</span>'
-        span = f"{first + 1:,}–{first + len(df):,}" if len(df) else "none"
-        self._count.object = (f'<span style="font-size:12px;color:#495057"><b>{self._n_rows:,}</b> of {self._total:,} '
-                              f'rollouts match · rows <b>{span}</b> shown</span>')
+        parts = [f"<b>{self._n_rows:,}</b> of {self._total:,} rollouts match"]
+        if len(df):
+            parts.append(f"rows <b>{first + 1:,}–{first + len(df):,}</b> shown")
+            parts.append(f'<span class="reward-versions">{esc(_versions_line(df.attrs.get("versions", ())))}</span>')
+        self._count.object = f'<span style="font-size:12px;color:#495057">{" · ".join(parts)}</span>'
         note = df.attrs.get("versions_note")
         self._note.param.update(object=banner("warn", note) if note else "", visible=bool(note))
 
+    @param.depends("state.rollout_id", watch=True)
+    def _select_shown(self) -> None:
+        """Select the row of the rollout the page shows when it is on the page shown, else none."""
+        df = self._table.value
+        rid = self.state.rollout_id
+        rows = [int(i) for i in np.flatnonzero(df["rollout_id"].to_numpy() == rid)[:1]] if rid else []
+        if rows == self._table.selection:
+            return
+        self._selecting = True
+        try:
+            self._table.selection = rows
+        finally:
+            self._selecting = False
+
     def _on_select(self, event) -> None:
-        if not event.new or self._selecting:
+        """A row clicked: open its rollout (the last click wins, even back to the shown row). A click
+        that selects no row shown (the shown row clicked off, a row of rows since replaced) leaves
+        the rollout shown, and its row selected."""
+        if self._selecting:
+            return
+        if not event.new or event.new[0] >= len(self._table.value):
+            self._select_shown()
             return
         row = self._table.value.iloc[event.new[0]]
-        self.state.select(row["rollout_id"], row["group_id"])  # the last click wins, even back to the shown row
+        self.state.select(row["rollout_id"], row["group_id"])
 
     def __panel__(self):
         return self._layout
@@ -285,14 +366,24 @@ class RolloutTable(pn.viewable.Viewer):
 
 def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
     """A page's rows as the table shows them (made where the page is read: after new rows, on the
-    preload thread, not on the event loop that serves every page)."""
-    df = rows.reindex(columns=COLUMNS)
+    preload thread, not on the event loop that serves every page), the rule versions of their rewards
+    in ``attrs["versions"]`` (the line above the rows names them)."""
+    df = rows.reindex(columns=COLUMNS).reset_index(drop=True)
     df["correct"] = [None if pd.isna(x) else bool(x) for x in df["correct"]]  # blank: nothing to check against
     df["correct"] = df["correct"].astype(object)
-    df["version"] = df["version"].astype(object).where(df["version"].notna(), "")
     source = rows.attrs.get("reward_source")
     df.attrs["versions_note"] = source.note if source is not None else None
-    df["fork_pos"] = ["" if pd.isna(x) else f"@{int(x)}" for x in df["fork_pos"]]  # branches only
-    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "version"):  # plain objects: Panel's row takes
+    df.attrs["versions"] = tuple(dict.fromkeys(rows["version"].dropna()))
+    df["fork_pos"] = ["" if pd.isna(x) else f"⑂ {int(x)}" for x in df["fork_pos"]]  # branches only
+    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
         df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
     return df
+
+
+def _versions_line(versions: tuple[str, ...]) -> str:
+    """Whose rewards a page shows: its rows' rule versions (each row's latest scoring may differ)."""
+    if not versions:
+        return "no rewards scored"
+    if len(versions) == 1:
+        return f"rewards from {versions[0]}"
+    return f"rewards from {len(versions)} rule versions: {', '.join(versions)} (each row its latest scoring)"

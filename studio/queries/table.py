@@ -433,6 +433,15 @@ def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule
     return df, None
 
 
+def train_steps(store: Store, run_id: str | None = None) -> list[int]:
+    """The training steps the rollouts of ``run_id`` (of every run: None) were sampled at, ascending:
+    what the table's step filter offers (empty: rollouts sampled outside training)."""
+    cond, params = ("run_id = ?", [run_id]) if run_id else ("TRUE", [])
+    steps = store.df(f"SELECT DISTINCT train_step FROM rollouts WHERE {cond} AND train_step IS NOT NULL ORDER BY 1",
+                     params)["train_step"]
+    return [int(s) for s in steps]
+
+
 def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                         credit: Credit | None = None) -> int:
     """How many rows :func:`rollout_table` has under ``f`` over all its pages (``f.limit`` aside).

@@ -18,7 +18,8 @@ applied, a query, a health check) and gives it:
   ``done`` in the session only when no newer request of the same job was made meanwhile
   (:meth:`Job.ticket` / :meth:`Job.newest` for work that supersedes by hand);
 * **errors in place**: ``failed(message)`` gets what went wrong with a submitted request;
-  :func:`failure` words an unexpected error the way every panel shows it.
+  :func:`failure` words an unexpected error the way every panel shows it; anything else a
+  started coroutine raises shows in the page's error banner (``widgets.runtime.errors``).
 
 Outside a served page (a notebook, a script, a test) :meth:`Job.submit` runs at once.
 
@@ -31,12 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from typing import Any
 
 import panel as pn
+
+from widgets.runtime import errors
 
 
 def served() -> bool:
@@ -46,8 +50,21 @@ def served() -> bool:
 
 
 def start(fn: Callable[[], Any]) -> None:
-    """Run ``fn`` (a function or a coroutine function) in this session, on the event loop."""
-    pn.state.execute(fn)
+    """Run ``fn`` (a function or a coroutine function) in this session, on the event loop. What it
+    raises shows on the page (``widgets.runtime.errors``): Panel reports a function's errors itself,
+    but a coroutine runs as a task of its own, whose error would only reach the log."""
+    if not inspect.iscoroutinefunction(fn):
+        pn.state.execute(fn)
+        return
+    doc = pn.state.curdoc
+
+    async def reported() -> None:
+        try:
+            await fn()
+        except Exception as exc:  # noqa: BLE001 - shown on the page and logged there
+            errors.report(exc, doc)
+
+    pn.state.execute(reported)
 
 
 def failure(what: str, exc: BaseException) -> str:

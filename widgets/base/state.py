@@ -48,7 +48,7 @@ class StudioState(Preloading, param.Parameterized):
                                 doc="Top share: whose token entropies set the quantile: the run of the rollout's "
                                     "tree root, its training step, or the rollouts the table's filter keeps.")
     branches_of = param.String(default="", doc="The table shows only branches (at any depth) of this rollout.")
-    train_step = param.Integer(default=-1, doc="The table shows only this training step's rollouts (-1: all).")
+    train_step = param.Integer(default=None, allow_None=True, doc="The table shows only this training step's rollouts (None: all).")
     jump_run = param.String(default="", doc="Set to a run id to make the table show that run.")
     table_filter = param.ClassSelector(class_=RolloutFilter, default=RolloutFilter(),
                                        doc="The table's current filter (the 'filter' fork scope reads it).")
