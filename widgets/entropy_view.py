@@ -277,7 +277,8 @@ class PolicyCompare(LazyView):
             f'B <b>{df["entropy_b"].mean():.3f}</b> nats</span><span><b>{big:.1%}</b> of tokens moved by ≥ 0.1 nats</span></div>')
         hv = holoviews()
         lim = float(max(df["entropy_a"].max(), df["entropy_b"].max(), 0.1))
-        sc = hv.Scatter(df, "entropy_a", ["entropy_b", "delta", "token_text", "pos"]).opts(
+        sc = hv.Scatter(df, ("entropy_a", "entropy A"), [("entropy_b", "entropy B"), ("delta", "change B − A"),
+                                                        ("token_text", "token"), ("pos", "position")]).opts(
             **plot_opts(color="delta", cmap=list(SCALES["advantage"].stops), clim=(-2, 2), size=5, alpha=0.7,
                     xlabel="entropy A (stored), nats", ylabel="entropy B, nats", title="Per-token entropy, A vs B",
                     colorbar=True, height=300, width=380, responsive=False))
