@@ -104,7 +104,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.generate_panel import GeneratePanel
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import version_picker
-    from widgets.runtime import panel_updates
+    from widgets.runtime import errors, panel_updates
     from widgets.token_strip import TokenStrip
 
     pn.extension("tabulator", "codeeditor", design="bootstrap", notifications=False)
@@ -116,6 +116,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     template = StudioTemplate(
         title=TITLE, header_background="#1f2937", sidebar_width=340,
     )
+    errors.install(template)  # a callback's failure shows on this page (a red banner) and is logged once
     try:
         store = store or open_shared_store(db_path)
     except StoreError as exc:

@@ -3,11 +3,12 @@
 Panel hands an exception raised by a callback of a served page (a widget changed, a button
 clicked, a callback scheduled) to ``pn.config.exception_handler``; without one it raises it
 again, Bokeh logs the traceback, and the page shows nothing: the view that failed stays as it
-was, stale, beside views that moved on. :func:`install` makes :func:`report` that handler:
-it logs the traceback once (logger ``rollout_studio.page``) and shows ``"<type>: <message>"``
-in a red banner at the top of the page's main area, with a *dismiss* button (the banner is
-added to the page, ``pn.state.template``, on its first failure). Work a view starts on the
-event loop (``widgets.base.jobs.start``) reports its failures here too.
+was, stale, beside views that moved on. :func:`install` makes :func:`report` that handler and
+puts a hidden :class:`ErrorBanner` at the top of the page's main area (a template's areas are
+drawn once: the banner is there from the start). :func:`report` logs the traceback once (logger
+``rollout_studio.page``) and shows ``"<type>: <message>"`` in the page's banner, red, with a
+*dismiss* button. Work a view starts on the event loop (``widgets.base.jobs.start``) reports its
+failures here too.
 
 Outside a served page (a notebook, a script, a test) an exception is raised as Panel raises it.
 """
@@ -20,7 +21,6 @@ import weakref
 import panel as pn
 import param
 from bokeh.document import Document
-from panel.io.state import set_curdoc
 
 log = logging.getLogger("rollout_studio.page")
 _REPORTED = "_rollout_studio_reported"  # set on an exception once it is logged
@@ -53,9 +53,14 @@ class ErrorBanner(pn.viewable.Viewer):
         return self._layout
 
 
-def install() -> None:
-    """Report every served page's callback failures with :func:`report` (idempotent, process-wide)."""
+def install(page: pn.template.BaseTemplate) -> None:
+    """Report every served page's callback failures with :func:`report` (process-wide), and give
+    ``page`` (this session's) its banner, hidden until a failure."""
     pn.config.exception_handler = report
+    doc = pn.state.curdoc
+    if doc is not None and doc.session_context is not None:
+        _BANNERS[doc] = shown = ErrorBanner()
+        page.main.insert(0, shown)
 
 
 def report(exc: BaseException, doc: Document | None = None) -> None:
@@ -70,13 +75,7 @@ def report(exc: BaseException, doc: Document | None = None) -> None:
             setattr(exc, _REPORTED, True)
         except AttributeError:  # an exception type without attributes: logged again if seen again
             pass
-    page = _BANNERS.get(doc)
-    if page is None:
-        with set_curdoc(doc):
-            template = pn.state.template
-        if template is None:  # a page without a template: the log says it
-            return
-        page = _BANNERS[doc] = ErrorBanner()
-        template.main.insert(0, page)
-    page.message = (f"Something on this page failed and was not updated: {type(exc).__name__}: {exc}. "
-                    "The server log has the details.")
+    shown = _BANNERS.get(doc)
+    if shown is not None:  # else a page without one: the log says it
+        shown.message = (f"Something on this page failed and was not updated: {type(exc).__name__}: {exc}. "
+                         "The server log has the details.")
