@@ -14,6 +14,7 @@ store and in the file's sidecar) and offered as a download.
 from __future__ import annotations
 
 import io
+from pathlib import PurePath
 
 import pandas as pd
 import panel as pn
@@ -49,8 +50,11 @@ REVIEW_CSS = """
 .status-pill.rejected { background:#ffe3e3; color:#c92a2a; }
 .keys { font-size:11px; color:#868e96; } .keys kbd { border:1px solid #ced4da; border-bottom-width:2px;
   border-radius:3px; padding:0 4px; font-size:10px; background:#f8f9fa; color:#495057; }
-table.exports { border-collapse:collapse; font-size:12px; width:100%; }
-table.exports td, table.exports th { padding:2px 6px; text-align:left; border-top:1px solid #f1f3f5; white-space:nowrap; }
+table.exports { border-collapse:collapse; font-size:12px; width:100%; table-layout:fixed; }
+table.exports td, table.exports th { padding:2px 6px; text-align:left; border-top:1px solid #f1f3f5; white-space:nowrap;
+                                     overflow:hidden; text-overflow:ellipsis; }
+table.exports th.when { width:98px; } table.exports th.format { width:72px; } table.exports th.file { width:38px; }
+table.exports th.rows { width:36px; }
 table.exports th { color:#868e96; font-size:11px; }
 """
 KEYS = {"a": "accept", "r": "reject", "s": "swap", "j": "next", "k": "previous"}
@@ -406,10 +410,11 @@ class CurationPanel(LazyView):
             self._exports.object = ""
             return
         rows = "".join(f'<tr><td>{esc(str(r.created_at)[:16])}</td><td>{esc(r.format)}</td><td>{esc(r.filetype)}</td>'
-                       f'<td>{int(r.n_rows)}</td><td title="{esc(r.path)}">{esc(str(r.path)[-28:])}</td></tr>'
+                       f'<td>{int(r.n_rows)}</td><td title="{esc(r.path)}">{esc(PurePath(str(r.path)).name)}</td></tr>'
                        for r in df.itertuples())
-        self._exports.object = ('<table class="exports"><tr><th>when</th><th>format</th><th>file</th><th>rows</th>'
-                                f'<th>to</th></tr>{rows}</table>')
+        self._exports.object = ('<table class="exports"><tr><th class="when">when</th><th class="format">format</th>'
+                                '<th class="file">file</th><th class="rows">rows</th>'
+                                f'<th title="the file\'s name; its whole path on hover">to</th></tr>{rows}</table>')
 
     def __panel__(self):
         return self._layout
