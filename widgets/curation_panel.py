@@ -53,8 +53,7 @@ REVIEW_CSS = """
 table.exports { border-collapse:collapse; font-size:12px; width:100%; table-layout:fixed; }
 table.exports td, table.exports th { padding:2px 6px; text-align:left; border-top:1px solid #f1f3f5; white-space:nowrap;
                                      overflow:hidden; text-overflow:ellipsis; }
-table.exports th.when { width:98px; } table.exports th.format { width:72px; } table.exports th.file { width:38px; }
-table.exports th.rows { width:36px; }
+table.exports th.when { width:82px; } table.exports th.format { width:78px; } table.exports th.rows { width:34px; }
 table.exports th { color:#868e96; font-size:11px; }
 """
 KEYS = {"a": "accept", "r": "reject", "s": "swap", "j": "next", "k": "previous"}
@@ -409,12 +408,11 @@ class CurationPanel(LazyView):
         if df.empty:
             self._exports.object = ""
             return
-        rows = "".join(f'<tr><td>{esc(str(r.created_at)[:16])}</td><td>{esc(r.format)}</td><td>{esc(r.filetype)}</td>'
-                       f'<td>{int(r.n_rows)}</td><td title="{esc(r.path)}">{esc(PurePath(str(r.path)).name)}</td></tr>'
-                       for r in df.itertuples())
+        rows = "".join(f'<tr><td>{esc(str(r.created_at)[5:16])}</td><td>{esc(r.format)}</td><td>{int(r.n_rows)}</td>'
+                       f'<td title="{esc(r.path)}">{esc(_file_name(str(r.path)))}</td></tr>' for r in df.itertuples())
         self._exports.object = ('<table class="exports"><tr><th class="when">when</th><th class="format">format</th>'
-                                '<th class="file">file</th><th class="rows">rows</th>'
-                                f'<th title="the file\'s name; its whole path on hover">to</th></tr>{rows}</table>')
+                                '<th class="rows">rows</th><th title="its whole path on hover">file</th></tr>'
+                                f'{rows}</table>')
 
     def __panel__(self):
         return self._layout
@@ -423,6 +421,13 @@ class CurationPanel(LazyView):
 def _doc(field: str) -> str:
     """A ``PairRule`` field's help (shown as the widget's hover help)."""
     return {s.name: s.help for s in settings_of(curation.PairRule)}.get(field, "")
+
+
+def _file_name(path: str) -> str:
+    """An export's file as the list shows it: its name (a browser download is marked ↓)."""
+    if path.startswith("download:"):
+        return "↓ " + path.removeprefix("download:")
+    return PurePath(path).name
 
 
 def _s(x) -> str:
