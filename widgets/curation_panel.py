@@ -53,7 +53,7 @@ REVIEW_CSS = """
 table.exports { border-collapse:collapse; font-size:12px; width:100%; table-layout:fixed; }
 table.exports td, table.exports th { padding:2px 6px; text-align:left; border-top:1px solid #f1f3f5; white-space:nowrap;
                                      overflow:hidden; text-overflow:ellipsis; }
-table.exports th.when { width:82px; } table.exports th.format { width:78px; } table.exports th.rows { width:34px; }
+table.exports th.when { width:94px; } table.exports th.format { width:78px; } table.exports th.rows { width:42px; }
 table.exports th { color:#868e96; font-size:11px; }
 """
 KEYS = {"a": "accept", "r": "reject", "s": "swap", "j": "next", "k": "previous"}
