@@ -160,6 +160,77 @@ def test_the_table_pages_and_sorts_every_row_in_the_store(page):
     assert max(rewards_shown(page)) <= min(top)  # sorted in the store: page 2 continues page 1
 
 
+HEADERS = """() => {
+  let out = null;
+  const walk = root => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.classList.contains('tabulator') && el.querySelector('.tabulator-col[tabulator-field=completion]')) {
+        const hold = el.querySelector('.tabulator-tableholder');
+        const cols = [...el.querySelectorAll('.tabulator-col[tabulator-field]')].filter(c => c.offsetParent !== null);
+        out = {scroll: hold.scrollWidth - hold.clientWidth,
+               titles: cols.map(c => c.querySelector('.tabulator-col-title')).map(t => [t.innerText, t.scrollWidth <= t.clientWidth])};
+      }
+    }
+  };
+  walk(document);
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1440, 900)])
+def test_the_table_fits_its_card_with_every_header_whole(browser, server, width, height):
+    """What RL needs (reward, advantage, correct, length, fork position) shows without a horizontal
+    scroll and with no header cut, the sidebar open or closed."""
+    ctx = browser.new_context(viewport={"width": width, "height": height})
+    page = ctx.new_page()
+    try:
+        page.goto(server.url)
+        page.wait_for_selector(".tabulator-row", timeout=60_000)
+        for sidebar in ("open", "closed"):
+            if sidebar == "closed":
+                page.locator("#sidebar-toggle").click()
+                page.wait_for_timeout(800)  # the sidebar slides away, the table widens
+            got = page.evaluate(HEADERS)
+            assert [t for t, _ in got["titles"]] == ["prompt", "completion", "reward", "adv.", "ok", "len", "fork"]
+            assert all(whole for _, whole in got["titles"]), (sidebar, got)
+            assert got["scroll"] <= 0, (sidebar, got)
+    finally:
+        ctx.close()
+
+
+def test_an_empty_table_says_so_and_stays_current_as_the_version_changes(page):
+    """Issue 32's sequence: a row selected, the table filtered to no rows, the shown reward version
+    changed, the filter cleared. No traceback; the table follows each step (no stale count), says
+    "no rollouts match" when empty, and selects the shown rollout's row again when it is back."""
+    row = page.locator(".rollout-table .tabulator-row").nth(5)
+    completion = row.locator("[tabulator-field=completion]").inner_text()
+    row.click()
+    deadline = time.time() + 20
+    while strip_text(page) != completion and time.time() < deadline:
+        page.wait_for_timeout(200)
+    shown = page.locator(".token-strip .strip").get_attribute("data-rollout")
+    assert "rewards from arithmetic@" in text(page.locator(".table-count"))
+    assert not page.locator(".train-step").is_visible()  # no rollout here was sampled in training
+    box = page.get_by_placeholder("e.g. 48-7")
+    box.fill("zz-no-such-prompt")
+    box.press("Enter")
+    wait_text(page, page.locator(".table-count"), "0 of")
+    page.locator(".rollout-table .tabulator-placeholder", has_text="no rollouts match").wait_for(timeout=10_000)
+    assert not page.locator(".table-pager").is_visible()  # no "of 1 pages" under an empty table
+    version = page.locator(".version-shown select")
+    version.select_option(index=1)
+    page.wait_for_timeout(1500)
+    assert re.search(r"\b0 of [\d,]+ rollouts match$", text(page.locator(".table-count")))
+    box.fill("")
+    box.press("Enter")
+    wait_text(page, page.locator(".table-count"), "rows 1–18 shown")
+    page.wait_for_selector(".rollout-table .tabulator-row.tabulator-selected", timeout=10_000)
+    selected = page.locator(".rollout-table .tabulator-row.tabulator-selected")
+    assert selected.count() == 1 and selected.locator("[tabulator-field=completion]").inner_text() == strip_text(page)
+    assert page.locator(".token-strip .strip").get_attribute("data-rollout") == shown
+
+
 def test_switching_the_channel_recolours_the_strip(page):
     open_row(page, 1)
     before = strip_colours(page)

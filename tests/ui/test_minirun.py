@@ -53,10 +53,10 @@ def test_a_mini_run_from_the_rule_panel_to_the_table(browser, server):
         page.locator(".jump-button button").click()
         wait_text(page, page.locator(".table-count"), "16 of", timeout_s=30)
         for _ in range(50):  # the sidebar filter follows the jump
-            if page.locator(".train-step input").input_value() == "2":
+            if page.locator(".train-step select").input_value() == "step 2":
                 break
             page.wait_for_timeout(200)
-        assert page.locator(".train-step input").input_value() == "2"
+        assert page.locator(".train-step select").input_value() == "step 2"
         wait_text(page, page.locator(".strip-header"), "prompt Q:", timeout_s=30)
         # the checkpoints are policies now: the sidebar and the evaluation pickers offer them
         page.wait_for_function("() => true")

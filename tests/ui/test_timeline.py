@@ -188,9 +188,7 @@ def test_timeline_and_run_diff(browser, tl_server):
 
         # a row selected in the table (filtered to training step 2: the imported run's): the timeline
         # follows it to its prompt and step, and marks it in the step's list
-        box = page.locator(".train-step input").first
-        box.fill("2")
-        box.press("Enter")
+        page.locator(".train-step select").select_option(label="step 2")
         wait_text(page, page.locator(".table-count"), f"{PER_STEP * GROUP} of", timeout_s=30)
         row = page.locator(".rollout-table .tabulator-row").nth(5)
         prompt = row.locator("[tabulator-field=prompt]").inner_text()
