@@ -96,13 +96,14 @@ class TimelinePanel(LazyView):
             return pn.pane.HTML(f'<div class="tl-head">{esc(title)}</div>', stylesheets=[TL_CSS], margin=(6, 10, 0, 10))
         timeline = pn.Column(
             head("Timeline: one prompt across training steps"),
-            pn.FlexBox(pick(self.param.run, "Run (2+ training steps)", 300, "timeline-run"),
-                       pn.widgets.TextInput.from_param(self.param.search, name="Search prompts", width=200,
-                                                       placeholder="text in the prompt",
-                                                       css_classes=["timeline-search"]),
-                       pick(self.param.prompt, "Prompt (most steps, biggest change first)", 440, "timeline-prompt"),
-                       pick(self.param.step, "Step", 120, "timeline-step"),
-                       flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width"),
+            # two rows of pickers, so they fit beside the sidebar at 1280 px (a wrapping FlexBox let the plots
+            # below overlap the prompt's line)
+            pn.Row(pick(self.param.run, "Run (2+ training steps)", 300, "timeline-run"),
+                   pn.widgets.TextInput.from_param(self.param.search, name="Search prompts", width=200,
+                                                   placeholder="text in the prompt", css_classes=["timeline-search"]),
+                   pick(self.param.step, "Step", 120, "timeline-step")),
+            pn.widgets.Select.from_param(self.param.prompt, name="Prompt (most steps, biggest change first)",
+                                         sizing_mode="stretch_width", max_width=840, css_classes=["timeline-prompt"]),
             self._prompt_info, self._plot, self._step_list, sizing_mode="stretch_width")
         diff = pn.Column(
             head("Run diff: side A against side B on shared prompts"),
