@@ -5,7 +5,7 @@ is on the page shown, however it was opened.
 
 What RL needs fits the table card without a horizontal scroll (~470 px with the sidebar open on a
 1280 px screen): prompt, completion, *reward*, *adv.* (advantage), *ok* (✓ / ✗), *len* (tokens)
-and *fork* (a branch's fork position, ``⑂ 14``; blank for a sampled rollout, so branches differ
+and *fork* (a branch's fork position, ``↳ 14``; blank for a sampled rollout, so branches differ
 from their parents at a glance).
 
 Correctness (the *ok* column and the correctness filter) is the rollout's own
@@ -96,8 +96,9 @@ class RolloutTable(pn.viewable.Viewer):
         self._older.on_click(lambda _: self._turn(+1))
         self._pager = pn.Row(pn.layout.HSpacer(), self._newer, self._page_input, self._pages, self._older,
                              sizing_mode="stretch_width", css_classes=["table-pager"])
-        # the training steps of the picked run (hidden when it has none): label -> step (None: every step)
-        self._step_pick = pn.widgets.Select(name="Training step", options={ALL_STEPS: None}, value=None,
+        # the training steps of the picked run (hidden when it has none), by label ("step 3") -> step (None: all)
+        self._step_of: dict[str, int | None] = {ALL_STEPS: None}
+        self._step_pick = pn.widgets.Select(name="Training step", options=[ALL_STEPS], value=ALL_STEPS,
                                             sizing_mode="stretch_width", css_classes=["train-step"], visible=False)
         self._step_pick.param.watch(self._on_step_pick, "value")
         self._n_rows = self._total = 0  # rows under the filter (over all pages), rollouts in the store
@@ -214,19 +215,21 @@ class RolloutTable(pn.viewable.Viewer):
         step = self.state.train_step
         if step is not None and step not in steps:
             steps = sorted([*steps, step])
-        options = {ALL_STEPS: None, **{f"step {s}": s for s in steps}}
+        self._step_of = {ALL_STEPS: None, **{f"step {s}": s for s in steps}}
+        options, picked = list(self._step_of), ALL_STEPS if step is None else f"step {step}"
         self._updating_choices = True
         try:
             with pn.io.hold():
                 if options != self._step_pick.options:
                     self._step_pick.options = options
-                self._step_pick.param.update(value=step, visible=len(options) > 1)
+                self._step_pick.param.update(value=picked, visible=len(options) > 1)
         finally:
             self._updating_choices = False
 
     def _on_step_pick(self, event) -> None:
-        if not self._updating_choices and event.new != self.state.train_step:
-            self.state.train_step = event.new
+        step = self._step_of.get(event.new)
+        if not self._updating_choices and step != self.state.train_step:
+            self.state.train_step = step
 
     def current_filter(self) -> queries.RolloutFilter:
         lo, hi = self.reward_range
@@ -374,7 +377,7 @@ def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
     source = rows.attrs.get("reward_source")
     df.attrs["versions_note"] = source.note if source is not None else None
     df.attrs["versions"] = tuple(dict.fromkeys(rows["version"].dropna()))
-    df["fork_pos"] = ["" if pd.isna(x) else f"⑂ {int(x)}" for x in df["fork_pos"]]  # branches only
+    df["fork_pos"] = ["" if pd.isna(x) else f"↳ {int(x)}" for x in df["fork_pos"]]  # branches only
     for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
         df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
     return df
