@@ -53,8 +53,14 @@ def test_the_first_page_fits_and_reads_in_the_order_of_use(browser, server, size
     page.wait_for_selector(".tabulator-row", timeout=60_000)
     # it opens on a rollout: the strip is filled, and its group holds right and wrong answers
     page.wait_for_selector(".token-strip .tok", timeout=30_000)
-    marks = page.locator(".rollout-table .tabulator-row").evaluate_all("rows => rows.map(r => r.textContent)")
-    assert marks
+    # the rightmost token's hover card opens leftwards, inside the strip
+    toks = page.locator(".token-strip .tok")
+    rights = toks.evaluate_all("ts => ts.map(t => t.getBoundingClientRect().right)")
+    last = toks.nth(rights.index(max(rights)))
+    last.hover()
+    card = last.locator(".card").bounding_box()
+    strip = page.locator(".token-strip .clickable").first.bounding_box()
+    assert card["x"] >= strip["x"] - 1 and card["x"] + card["width"] <= strip["x"] + strip["width"] + 1
     # the sidebar in the order of use: which rollouts, what the colours show, then generating;
     # the fork and advantage settings folded, Generate last
     order = [".store-info", ".table-filters", ".channel-picker", ".version-shown", ".fork-card", ".credit-card",

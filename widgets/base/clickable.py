@@ -17,7 +17,8 @@ import param
 
 
 class ClickableHTML(pn.custom.JSComponent):
-    """Like ``pn.pane.HTML``, plus clicks on ``[data-click]`` elements."""
+    """Like ``pn.pane.HTML``, plus clicks on ``[data-click]`` elements (and hover cards of
+    ``.tok`` elements kept inside the view: one that would pass its right edge opens leftwards)."""
 
     object = param.String(default="", doc="The HTML to show (already escaped by the caller).")
 
@@ -32,6 +33,14 @@ export function render({ model, el }) {
     if (t && box.contains(t)) {
       model.send_msg({kind: t.dataset.click, value: t.dataset.value || ''});
     }
+  });
+  // a token's hover card opens leftwards where it would pass the view's right edge
+  box.addEventListener('mouseover', (ev) => {
+    const tok = ev.target.closest('.tok');
+    const card = tok && tok.querySelector('.card');
+    if (!card || !box.contains(tok)) return;
+    const room = box.getBoundingClientRect().right - tok.getBoundingClientRect().left;
+    tok.classList.toggle('card-left', room < Math.max(card.offsetWidth, 240));
   });
   el.appendChild(box);
 }

@@ -144,6 +144,7 @@ CSS = """
              padding:8px 10px; font-size:12px; line-height:1.45; white-space:normal; word-break:normal;
              font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
 .tok:hover .card { display:block; }
+.tok.card-left .card { left:auto; right:0; }
 .card .c-tok { font-family:'DejaVu Sans Mono', monospace; font-size:14px; font-weight:700; }
 .card .c-row { display:flex; justify-content:space-between; gap:12px; }
 .card .c-k { color:#868e96; }
