@@ -139,8 +139,8 @@ class Job:
                failed: Callable[[str], None] | None = None, errors: tuple[type[BaseException], ...] = ()) -> None:
         """Run ``work`` on a thread, then ``done(result)`` in the session, unless a newer request
         was submitted meanwhile (its result wins). An error of a type in ``errors`` (a query past
-        its time limit...) goes to ``failed(message)`` instead; others propagate. Outside a served
-        page, all of it at once."""
+        its time limit...) goes to ``failed(message)`` instead; others propagate (in a served page,
+        to its error banner: :func:`start`). Outside a served page, all of it at once."""
         ticket = self.ticket()
         if not served():
             try:
