@@ -226,3 +226,11 @@ def set_sidebar(page, open: bool) -> None:
         page.wait_for_function("o => { const c = document.getElementById('sidebar').classList;"
                                " return !c.contains('collapsing') && c.contains('show') === o; }", arg=open)
         page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+def unfold(page, group: str) -> None:
+    """Open the sidebar's folded group ``group`` (``"credit-card"``, ``"fork-card"``) with a click on its header."""
+    card = page.locator(f".{group}").first
+    if card.bounding_box()["height"] < 60:  # folded: its header alone
+        card.locator(".card-header").first.click()
+        page.wait_for_function("el => el.getBoundingClientRect().height >= 60", arg=card.element_handle())

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness import open_sampled_row, text, wait_text
+from .harness import open_sampled_row, text, unfold, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -48,6 +48,7 @@ def test_switching_the_estimator_changes_the_strip_and_step_bars_appear(page):
     page.wait_for_selector('.token-strip .strip[data-channel="advantage"]', timeout=10_000)
     grpo = wait_values(page, None)
     assert len(set(grpo)) == 1  # GRPO: one value on every token
+    unfold(page, "credit-card")  # the advantage settings are folded until wanted
     pick(page, ".estimator", "RLOO (leave-one-out)")
     wait_text(page, page.locator(".strip-legend"), "RLOO (leave-one-out)")
     rloo = wait_values(page, grpo)

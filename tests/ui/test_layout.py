@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.ui.harness import text
+from tests.ui.harness import set_sidebar, text, unfold
 
 SIZES = [(1280, 800), (1440, 900)]
 
@@ -68,7 +68,7 @@ def test_the_first_page_fits_and_reads_in_the_order_of_use(browser, server, size
     ys = [top(page, s) for s in order]
     assert ys == sorted(ys), dict(zip(order, ys))
     assert not page.locator(".estimator").first.is_visible()  # folded until wanted
-    page.locator(".credit-card .card-header").first.click()
+    unfold(page, "credit-card")
     page.locator(".estimator").first.wait_for(state="visible", timeout=10_000)
     assert not page.get_by_text("β (KL weight)").first.is_visible()  # GRPO has no β
     # the policy line names no guessed device; the backend line names the worker's own
@@ -79,8 +79,7 @@ def test_the_first_page_fits_and_reads_in_the_order_of_use(browser, server, size
     assert "CPU" in text(page.locator(".backend-status"))
     time.sleep(1)
     assert page.evaluate(OVERFLOW) == []
-    page.locator("#sidebar-button, .pn-toggle, button.navbar-toggler").first.click()  # the sidebar closed
-    time.sleep(1.5)
+    set_sidebar(page, False)
     assert page.evaluate(OVERFLOW) == []
     ctx.close()
     assert not errors, errors
