@@ -51,7 +51,8 @@ SORTS = [None, ("reward", "desc"), ("reward", "asc"), ("advantage", "desc"), ("n
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """The store the page reads: both sample worlds, a TRL run at steps 10 and 20, branches of one rollout."""
+    """The store the page reads (both sample worlds, a TRL run at steps 10 and 20, branches of one
+    rollout) and the rollout branched."""
     folder = tmp_path_factory.mktemp("table_states")
     store = Store.open(folder / "studio.duckdb", seed_dir=SEED_DIRS)
     rng = np.random.default_rng(0)
@@ -63,8 +64,7 @@ def world(tmp_path_factory):
     sampled = store.scalar("SELECT run_id FROM runs WHERE kind = 'sample' AND task = 'arithmetic'")
     parent = queries.rollout_table(store, queries.RolloutFilter(run_id=sampled, correct=True)).iloc[0]["rollout_id"]
     branch_sync(store, parent, len(queries.tokens(store, parent)) // 2, [None], BranchConfig(n=3, seed=7))
-    store.parent = parent
-    yield store
+    yield store, parent
     store.close()
 
 
@@ -83,6 +83,7 @@ class TablePage(RuleBasedStateMachine):
     """The views of one page over the module's store; see the module's description."""
 
     store: Store
+    parent: str  # the rollout with branches
 
     @initialize()
     def open_page(self):
@@ -125,7 +126,7 @@ class TablePage(RuleBasedStateMachine):
         elif kind == "step":
             table._step_pick.value = draw(st.sampled_from(table._step_pick.options))
         else:  # the fork panel's "show all in table", and back
-            self.state.branches_of = self.store.parent if draw(st.booleans()) else ""
+            self.state.branches_of = self.parent if draw(st.booleans()) else ""
 
     @rule(kind=st.sampled_from(ACTS), data=st.data())
     def act(self, kind, data):
@@ -197,7 +198,8 @@ class TablePage(RuleBasedStateMachine):
 
 
 def test_no_sequence_of_filters_versions_and_clicks_breaks_the_table(world):
-    TablePage.store = world
+    """Issue 32: a selection, a filter that empties the table, a version change, ... (any order)."""
+    TablePage.store, TablePage.parent = world
     run = TablePage.TestCase
     run.settings = settings(max_examples=25, stateful_step_count=10, deadline=None, database=None,
                             suppress_health_check=[HealthCheck.too_slow])
