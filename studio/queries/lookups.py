@@ -118,13 +118,15 @@ def task_prompt_texts(store: Store, task: str, limit: int = 200) -> list[str]:
 
 
 def informative_rollout(store: Store) -> str | None:
-    """A rollout worth opening first: one of the newest group whose completions are both right and
-    wrong (so its advantages differ), with per-token statistics to draw; the newest rollout with
-    tokens when no group is mixed; None on an empty store."""
+    """A rollout worth opening first: the first row, in the table's order (newest first), of a
+    group whose completions are both right and wrong (so its advantages differ) and that has
+    per-token statistics to draw; the first drawn row when no group is mixed; None on an empty
+    store."""
     return store.scalar("""
-        WITH drawn AS (SELECT ro.rollout_id, ro.group_id, ro.correct, ro.created_at, ro.sample_idx FROM rollouts ro
-                       WHERE EXISTS (SELECT 1 FROM tokens t WHERE t.rollout_id = ro.rollout_id)),
-             mixed AS (SELECT group_id, max(created_at) AS newest FROM drawn GROUP BY group_id
+        WITH mixed AS (SELECT group_id FROM rollouts GROUP BY group_id
                        HAVING bool_or(correct) AND NOT bool_and(correct))
-        SELECT d.rollout_id FROM drawn d LEFT JOIN mixed m USING (group_id)
-        ORDER BY m.newest DESC NULLS LAST, d.created_at DESC, d.correct DESC, d.sample_idx LIMIT 1""")
+        SELECT ro.rollout_id FROM rollouts ro JOIN prompts p USING (prompt_id)
+        WHERE EXISTS (SELECT 1 FROM tokens t WHERE t.rollout_id = ro.rollout_id)
+        ORDER BY ro.group_id NOT IN (SELECT group_id FROM mixed),
+                 ro.created_at DESC, p.text, ro.group_id, ro.sample_idx, ro.rollout_id
+        LIMIT 1""")

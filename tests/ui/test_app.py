@@ -48,8 +48,11 @@ def test_page_loads_with_table_legend_and_no_traceback(page):
     count = text(page.locator(".table-count"))
     assert re.search(r"\d+ of \d+ rollouts match · rows 1–\d+ shown", count)
     assert page.locator(".tabulator-row").count() >= 10
-    assert page.get_by_text("Select a rollout in the table").is_visible()
-    assert page.locator(".token-strip .tok").count() == 0
+    # it opens on a rollout of a group with right and wrong answers, its row selected
+    page.wait_for_selector(".token-strip .tok", timeout=30_000)
+    assert page.locator(".rollout-table .tabulator-row.tabulator-selected").count() == 1
+    cards = text(page.locator(".group-grid"))
+    assert "✓" in cards and "✗" in cards
     assert "Traceback" not in page.content()
 
 
