@@ -259,13 +259,13 @@ def test_panel_draws_only_when_shown_then_follows_the_selection(store):
 
     st = StudioState(store=store)
     view = TimelinePanel(state=st, shown=False)
-    assert view.param.run.objects == [] and view._plot.object is None  # hidden: nothing queried
+    assert view.param.run.objects == [] and all(p.object is None for p in view._plots)  # hidden: nothing queried
     view.shown = True
     assert view.run_id() in ("ra", "rb") and len(view.param.run.objects) == 2
     view.run = next(k for k, v in view._runs.items() if v == "ra")
     assert view.prompt_id() == "P1" and view.step == "step 3"  # most steps first; the last step listed
     assert "&lt;P1&gt;" in view._prompt_info.object and "<P1>" not in view._prompt_info.object  # escaped
-    assert view._plot.object is not None and view._plot.visible and len(view._step_rows) == 2
+    assert all(p.object is not None for p in view._plots) and view._plot.visible and len(view._step_rows) == 2
     assert "no tokens" in view._step_list.object  # step 3 was stored without tokens
     # diff defaults: the newest run with steps, first step against last
     assert view.side("a").train_step is not None and view.side("b").train_step is not None

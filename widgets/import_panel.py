@@ -36,7 +36,7 @@ from widgets.forms import form_values, form_widgets, widget_for
 
 from .base.jobs import Job
 from .base.state import StudioState
-from .base.style import CSS, banner, esc
+from .base.style import CARD_CSS, CSS, banner, esc
 
 AUTO = "detect"
 PRESET_LABELS = {"auto": "auto", "gsm8k": "gsm8k", "math": "math", "custom (the mapping below)": "none"}
@@ -156,7 +156,7 @@ class ImportPanel(pn.viewable.Viewer):
             pn.FlexBox(*(f[n] for n in ("prompt", "messages", "answer", "id_column", "split_column", "split", "level",
                                          "gold", "regex", "steps")), sizing_mode="stretch_width"),
             f["description"], f["skip_unreadable"], title="Column mapping and answer settings", collapsed=True,
-            sizing_mode="stretch_width", header_background="#f8f9fa", css_classes=["set-mapping"])
+            sizing_mode="stretch_width", header_background="#f8f9fa", css_classes=["set-mapping"], stylesheets=[CARD_CSS])
         self._set_go = pn.widgets.Button(name="Add", color="primary", width=90, css_classes=["set-add"])
         self._set_go.on_click(self._on_add_set)
         self._set_message = pn.pane.HTML("", stylesheets=[CSS, PANEL_CSS], sizing_mode="stretch_width",

@@ -80,7 +80,11 @@ class TimelinePanel(LazyView):
         self._loaded = False
         kw = {"stylesheets": [CSS, TL_CSS], "sizing_mode": "stretch_width"}
         self._prompt_info = pn.pane.HTML("", css_classes=["timeline-info"], margin=(0, 5), **kw)
-        self._plot = pn.pane.HoloViews(None, css_classes=["timeline-plot"], height=PLOT_H + 10, **kw)
+        # three panes side by side rather than one hv.Layout: a Bokeh GridPlot replaced in a view that
+        # re-enters the page (the lower tabs take a closed tab's view out) draws its figures collapsed
+        self._plots = [pn.pane.HoloViews(None, height=PLOT_H + 10, sizing_mode="stretch_width", margin=(0, 2))
+                       for _ in range(3)]
+        self._plot = pn.Row(*self._plots, css_classes=["timeline-plot"], sizing_mode="stretch_width")
         self._step_list = ClickableHTML(object="", css_classes=["timeline-step-list"], margin=(0, 5), **kw)
         self._step_list.on_click(self._on_click)
         self._summary = pn.pane.HTML("", css_classes=["diff-summary"], margin=(0, 5), **kw)
@@ -353,12 +357,13 @@ class TimelinePanel(LazyView):
         hv = holoviews()
         self._spans = {}
         step = self._steps.get(self.step)
-        reward = reward_plot(df, step, self._spans)
-        layout = hv.Layout([reward, entropy_plot(df, step, self._spans), length_plot(df, step, self._spans)]).cols(
-            3).opts(shared_axes=False, toolbar=None)
-        tap = hv.streams.Tap(source=reward, x=None)  # a click on the reward plot lists that step
+        plots = [reward_plot(df, step, self._spans), entropy_plot(df, step, self._spans),
+                 length_plot(df, step, self._spans)]
+        tap = hv.streams.Tap(source=plots[0], x=None)  # a click on the reward plot lists that step
         tap.add_subscriber(self._on_tap)
-        self._plot.object = layout
+        with pn.io.hold():
+            for pane, plot in zip(self._plots, plots):
+                pane.object = plot.opts(toolbar=None)
 
     def _on_tap(self, x=None, y=None) -> None:
         if x is None or self._timeline.empty:

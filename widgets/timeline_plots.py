@@ -46,7 +46,7 @@ def reward_plot(df: pd.DataFrame, step: int | None = None, spans: dict | None = 
     return hv.Overlay([
         hv.Area(df, X, [("reward_min", "reward"), ("reward_max", "reward max")], label="min–max").opts(
             color=ACCENT, alpha=0.13, line_alpha=0),
-        hv.Curve(df, X, [("reward_mean", "reward"), *hover], label="mean reward").opts(color=ACCENT, line_width=2.2),
+        hv.Curve(df, X, [("reward_mean", "reward"), *hover], label="mean").opts(color=ACCENT, line_width=2.2),
         hv.Scatter(df, X, [("reward_mean", "reward"), *hover]).opts(color=ACCENT, size=5, tools=["hover"]),
         hv.Curve(df, X, [("accuracy", "reward")], label="accuracy").opts(color=OK_COLOR, line_width=1.8,
                                                                          line_dash="dashed"),

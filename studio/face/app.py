@@ -98,7 +98,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from studio.queries import lookups
     from studio.runs.registry import known_policies
     from widgets.base.state import StudioState
-    from widgets.base.style import CSS, banner, esc
+    from widgets.base.style import CARD_CSS, CSS, banner, esc
     from widgets.credit_panel import credit_controls
     from widgets.fork_panel import ForkPanel, fork_controls
     from widgets.generate_panel import GeneratePanel
@@ -154,9 +154,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     sync_policies()
     state.param.watch(sync_policies, ["refresh"])
     policy_pick.param.watch(lambda e: setattr(state, "policy_path", e.new), "value")
-    # a folded group, its chevron drawn (the page's CSS leaves Panel's chevron without a stroke)
     group = dict(sizing_mode="stretch_width", header_background="#f1f3f5", margin=(6, 8), collapsible=True,
-                 styles={"border-radius": "6px"}, stylesheets=[".card-button svg { stroke:#495057; }"])
+                 styles={"border-radius": "6px"}, stylesheets=[CARD_CSS])
     if runs_code:
         run_code = pn.Card(policy_pick, GeneratePanel(state=state), title="Generate", collapsed=False,
                            css_classes=["generate-card"], **{**group, "header_background": "#eef2ff"})
@@ -257,7 +256,7 @@ def _poll_tails() -> None:
             doc.add_next_tick_callback(page.refresh)  # in that page's session, with its lock
 
 
-def html_downloads(state) -> pn.Row:
+def html_downloads(state) -> pn.FlexBox:
     """*Save as HTML*: the shown rollout, its group or its fork tree as one self-contained page
     (``studio.face.static_html``, the same rendering as ``Studio.save_html``), built on click."""
     import io
@@ -286,6 +285,7 @@ def html_downloads(state) -> pn.Row:
     state.param.watch(sync, ["rollout_id"])
     sync()
     label = pn.pane.HTML('<span style="font-size:12px;color:#6b7280" title="one self-contained page that opens in any '
-                         'browser without a server, hover cards included">Save as HTML</span>', margin=(12, 2, 0, 10))
-    return pn.Row(label, *buttons.values(), css_classes=["save-html"], margin=(0, 0, 4, 0))
+                         'browser without a server, hover cards included">Save as HTML</span>', margin=(0, 2, 0, 10))
+    return pn.FlexBox(label, *buttons.values(), flex_wrap="wrap", align_items="center", css_classes=["save-html"],
+                      margin=(0, 0, 4, 0), sizing_mode="stretch_width")
 

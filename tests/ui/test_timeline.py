@@ -19,7 +19,7 @@ from studio.store.records import new_ids
 from widgets.timeline_html import fmt_num, fmt_p
 from widgets.timeline_panel import N_MOVERS, WHOLE_RUN
 
-from .harness import Server, strip_text, studio_page, text, wait_text
+from .harness import Server, open_tab, strip_text, studio_page, text, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -121,6 +121,15 @@ def prompt_id_of(server, label: str) -> str:
     return next(p for p in server.prompt_ids if p.endswith(tail))
 
 
+# the height of every drawn figure's data frame on the page, as BokehJS laid it out (0: collapsed)
+FRAME_HEIGHTS = """() => { const out = [], seen = new Set();
+  const visit = v => { if (!v || seen.has(v)) return; seen.add(v);
+    if (v.model && v.model.type === 'Figure' && v.frame) out.push(v.frame.bbox.height);
+    for (const c of (v.child_views || [])) visit(c); };
+  for (const v of Bokeh.index) visit(v);
+  return out; }"""
+
+
 def test_timeline_and_run_diff(browser, tl_server):
     with studio_page(browser, tl_server) as page:
         page.locator(".lower-tabs .bk-tab", has_text="Timeline & diff").click()
@@ -133,6 +142,14 @@ def test_timeline_and_run_diff(browser, tl_server):
         n_steps = int(prompts[1].split(" · ")[1].split()[0])
         wait_text(page, page.locator(".timeline-info"), f"seen at {n_steps} steps", timeout_s=30)
         page.wait_for_selector(".timeline-plot canvas", timeout=30_000)
+        # its three plots drawn at their size, also after the tab was left and opened again (the view
+        # leaves the page meanwhile)
+        for reopen in (False, True):
+            if reopen:
+                open_tab(page, "SQL")
+                open_tab(page, "Timeline & diff")
+            wait_until(page, lambda: len(page.evaluate(FRAME_HEIGHTS)) >= 3 and min(page.evaluate(FRAME_HEIGHTS)) > 100,
+                       what="the timeline's plots drawn at their height")
         steps = wait_options(page, ".timeline-step", lambda o: len(o) == n_steps)
         # a step with tokens: its completions are listed, and one opens in the token strip
         step = next(s for s in reversed(steps) if s != f"step {NO_TOKENS_STEP}")

@@ -109,6 +109,8 @@ STEP_SCALE = Scale("step", "step reward", -1.0, 1.0,
 # against the ones the pane has (~1.5 ms a pane, a few per click), and the studio's CSS styles
 # everything these panes show.
 REDRAWN = {"design": None}
+# a folded card's chevron drawn: the page's CSS leaves Panel's chevron (an SVG line) without a stroke
+CARD_CSS = ".card-button svg { stroke:#495057; }"
 
 CSS = """
 :host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
