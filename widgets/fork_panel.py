@@ -40,11 +40,12 @@ TREE_CSS = """
 .fork-head .ctx { font-family:'DejaVu Sans Mono', monospace; color:#868e96; }
 .fork-head .ctx b { color:#212529; background:#fff3bf; padding:0 2px; border-radius:2px; }
 table.branches { border-collapse:collapse; width:100%; font-size:12px; margin-top:4px; }
-table.branches th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
-table.branches td { padding:2px 6px; border-top:1px solid #f1f3f5; vertical-align:middle; }
+table.branches th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 4px; }
+table.branches td { padding:2px 4px; border-top:1px solid #f1f3f5; vertical-align:middle; }
+table.branches td.value { white-space:nowrap; }
 td.choice { font-family:'DejaVu Sans Mono', monospace; font-weight:700; white-space:pre; }
 .vbar { display:inline-block; height:9px; border-radius:2px; background:#3b5bdb; vertical-align:middle; }
-.vtrack { display:inline-block; width:90px; height:9px; background:#f1f3f5; border-radius:2px; vertical-align:middle;
+.vtrack { display:inline-block; width:56px; height:9px; background:#f1f3f5; border-radius:2px; vertical-align:middle;
           margin-right:6px; }
 details.comps summary { font-size:12px; color:#3b5bdb; cursor:pointer; margin-top:3px; }
 .comp { font-family:'DejaVu Sans Mono', monospace; font-size:12px; padding:1px 4px; border-radius:4px; cursor:pointer;
@@ -112,12 +113,12 @@ def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[for
         rows = []
         for b in f.branches:
             frac = 0.0 if not b.rewards else (min(max(b.value, lo), hi) - lo) / ((hi - lo) or 1.0)
-            se = "" if math.isnan(b.stderr) else f" ± {b.stderr:.2f}"
+            se = "" if math.isnan(b.stderr) else f"\u00a0±\u00a0{b.stderr:.2f}"
             label = esc(token_display(b.label)[0].translate(VISIBLE_WS)) if b.token_id is not None else "<i>as sampled</i>"
             rows.append(
                 f'<tr><td class="choice">{label}</td><td>{"–" if b.p is None else num(b.p)}</td><td>{b.n}</td>'
-                f'<td><span class="vtrack"><span class="vbar" style="width:{frac * 90:.0f}px"></span></span>'
-                f'<b>{b.value:.3f}</b>{se}</td><td>{b.accuracy:.0%}</td><td>{_dots(b.rewards, lo, hi)}</td></tr>')
+                f'<td class="value"><span class="vtrack"><span class="vbar" style="width:{frac * 56:.0f}px"></span></span>'
+                f'<b>{b.value:.3f}</b>{se}</td><td>{b.accuracy:.0%}</td><td>{_dots(b.rewards, lo, hi, width=60)}</td></tr>')
         comps = []
         sub = tree_df[(tree_df["parent_rollout_id"] == f.parent_rollout_id) & (tree_df["fork_pos"] == f.pos)]
         for r in sub.itertuples(index=False):
@@ -132,7 +133,7 @@ def tree_html(store, rollout_id: str, tree_df: pd.DataFrame, fork_list: list[for
             f'<div class="fork-head"><span>token <b>{f.pos}</b> of {esc(f.parent_rollout_id[-6:])}</span>'
             f'<span class="ctx">…{esc(ctx)}<b>{esc(token_display(f.parent_token)[0])}</b></span>{ent}'
             f'<span>spread <b>{f.spread:.3f}</b></span>{badge}</div>'
-            f'<table class="branches"><tr><th>choice</th><th>p</th><th>n</th><th>value = mean reward</th>'
+            f'<table class="branches"><tr><th>choice</th><th>p</th><th>n</th><th title="the mean reward of the completions after this choice">value</th>'
             f'<th>correct</th><th>rewards</th></tr>{"".join(rows)}</table>'
             f'<details class="comps"><summary>{len(sub)} completions (click one to open it; branch it again there)'
             f'</summary>{"".join(comps)}</details></div>')
@@ -182,11 +183,12 @@ class ForkPanel(pn.viewable.Viewer):
                                    margin=(0, 5), css_classes=["fork-tree"])
         self._tree.on_click(self._on_tree_click)
         if can_run:
-            form = pn.Row(
+            form = pn.FlexBox(  # the buttons wrap below the inputs in a narrow card
                 pn.widgets.IntInput.from_param(self.param.n, name=f"N per choice (1-{self.param.n.bounds[1]})",
                                                width=120, css_classes=["branch-n"]),
                 pn.widgets.FloatInput.from_param(self.param.temperature, name="Temperature", width=100),
                 pn.Column(pn.Spacer(height=18), pn.Row(self._go, self._stop)),
+                flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width",
             )
             parts = [self._choice_box, form, self._attach_btn, self._status]
         else:

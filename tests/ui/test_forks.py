@@ -174,7 +174,7 @@ def test_branch_at_a_fork_on_one_forced_alternative(page):
     assert len(rows) == 1, rows
     choice, p, n, value, correct, _ = rows[0]
     assert choice == alt_shown and p == alt.split("  p ")[1] and n == "4"
-    assert re.fullmatch(r"-?\d+\.\d{3}( ± \d+\.\d\d)?", value.strip()), value
+    assert re.fullmatch(r"-?\d+\.\d{3}(\s±\s\d+\.\d\d)?", value.strip()), value
     assert re.fullmatch(r"\d+%", correct.strip()), correct
     assert "4 branch rollouts" in page.locator(".fork-tree .crumbs").inner_text()
 
