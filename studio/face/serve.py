@@ -284,8 +284,18 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    """SIGTERM ends the server as Ctrl-C does: through :func:`stop_workers`, not mid-write."""
-    raise SystemExit(0)
+    """SIGTERM ends the server as Ctrl-C does: through :func:`stop_workers`, not mid-write.
+
+    Serving, it stops the event loop (``pn.serve`` then returns): an exception raised here would
+    land in whatever callback runs at that moment, and a wrapper that catches everything (a
+    Generate writing its rows, say) would swallow it and leave the server running."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()  # the handler runs in the main thread, inside the loop's run
+    except RuntimeError:  # not serving yet
+        raise SystemExit(0) from None
+    loop.call_soon_threadsafe(loop.stop)
 
 
 def stop_workers() -> None:

@@ -48,3 +48,30 @@ def test_the_server_console_stays_quiet_from_start_to_stop(browser, tmp_path):
     lines = [line for line in server.output().splitlines() if line.strip()]
     unexpected = [line for line in lines if not any(p.match(line) for p in EXPECTED)]
     assert not unexpected, "\n".join(unexpected)
+
+
+def test_sigterm_stops_a_server_in_the_middle_of_a_generate(browser, tmp_path):
+    """The signal arrives while the page's Generate samples and writes: the server still stops, at
+    once and cleanly (a stop raised inside a running callback could be swallowed by it)."""
+    import os
+    import signal
+    import subprocess
+
+    server = Server(tmp_path / "studio.duckdb")
+    try:
+        ctx = browser.new_context()
+        page = ctx.new_page()
+        page.goto(server.url)
+        page.wait_for_selector(".tabulator-row", timeout=60_000)
+        start_generate(page, 8, fresh=16)
+        page.locator(".generate-status .banner").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(2_000)  # the worker samples, the server writes chunks
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the server did not stop within 30 s of SIGTERM:\n{server.output()}")
+        ctx.close()
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.output()
