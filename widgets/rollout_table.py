@@ -79,7 +79,9 @@ class RolloutTable(pn.viewable.Viewer):
             hidden_columns=["rollout_id", "group_id"], titles=TITLES, widths=WIDTHS,
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross", "allowEmpty": True}},
-            configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30, "tooltip": True}},
+            # no cell tooltips: Tabulator writes a tooltip's text as HTML, and a completion is model output
+            # (tests/ui/test_app.py's hostile rows); a row's whole text is one click away, in the token strip
+            configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30}},
             stylesheets=[TABLE_CSS], header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
