@@ -287,17 +287,19 @@ def test_typed_prompt_that_cannot_be_parsed_is_reported(page, server):
 def test_generate_adds_rows_while_the_page_stays_responsive(page):
     total = rollouts_total(page)
     open_row(page, 0)
-    start_generate(page, group_size=3, typed="Q: 12+34=\nQ: 50-7+8=")
-    # while the worker starts and samples, the page still answers: the strip recolours
-    page.locator(".generate-status .banner.info", has_text="Starting the sampling worker").wait_for(timeout=10_000)
+    # 96 new prompts x 4: seconds of sampling and writing, even with the worker warm (the page loads
+    # the policy as it opens)
+    start_generate(page, group_size=4, fresh=96)
+    page.locator(".generate-status .banner.info").wait_for(timeout=10_000)
+    # while the worker samples, the page still answers: the strip recolours
     page.locator(".channel-picker button", has_text="logprob").click()
     page.wait_for_selector('.token-strip .strip[data-channel="logprob"]', timeout=10_000)
     assert "done:" not in text(page.locator(".generate-status"))  # it was still running
-    page.locator(".generate-status .banner", has_text="done:").wait_for(timeout=120_000)
-    assert "done: 6 rollouts stored" in text(page.locator(".generate-status"))
-    wait_text(page, page.locator(".table-count"), f"of {total + 6:,} rollouts")
-    # the group view switches to the first new group (3 completions) from the 8-card one
-    expect(page.locator(".group-card")).to_have_count(3, timeout=20_000)
+    page.locator(".generate-status .banner", has_text="done:").wait_for(timeout=180_000)
+    assert "done: 384 rollouts stored" in text(page.locator(".generate-status"))
+    wait_text(page, page.locator(".table-count"), f"of {total + 384:,} rollouts")
+    # the group view switches to the first new group (4 completions) from the 8-card one
+    expect(page.locator(".group-card")).to_have_count(4, timeout=20_000)
 
 
 NASTY = ["<script>window.__pwned=1</script>", "<img src=x onerror=window.__pwned=2>", "**bold** [x](javascript:1)"]

@@ -3,6 +3,7 @@ and a completion that carries HTML shows as text and runs nothing."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -104,9 +105,16 @@ def test_save_as_html_from_the_served_studio(browser, server, tmp_path):
     from .harness import studio_page
 
     with studio_page(browser, server) as pg:
-        assert pg.locator(".save-rollout button").is_disabled()  # nothing shown yet
-        pg.locator(".tabulator-row").nth(1).click()
-        pg.wait_for_selector(".strip .tok", timeout=30_000)
+        pg.wait_for_selector(".token-strip .strip[data-rollout]", timeout=30_000)  # the page opens on a rollout
+        assert pg.locator(".save-rollout button").is_enabled()
+        first = pg.locator(".token-strip .strip").first.get_attribute("data-rollout")
+        rows = pg.locator(".tabulator-row")
+        rows.nth(1 if "tabulator-selected" in rows.nth(0).get_attribute("class") else 0).click()  # another row
+        strip = pg.locator(".token-strip .strip[data-rollout]").first
+        deadline = time.time() + 30
+        while strip.get_attribute("data-rollout") == first and time.time() < deadline:
+            pg.wait_for_timeout(200)
+        assert strip.get_attribute("data-rollout") != first  # the clicked rollout is shown
         shown = len(pg.locator(".token-strip .strip .tok").all())
         got = {}
         for kind in ("rollout", "group", "fork-tree"):
