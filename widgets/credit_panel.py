@@ -23,7 +23,7 @@ from .base.pickers import run_choices
 from .base.plots import LEGEND_TOP, holoviews, plot_opts, step_ticks
 from .base.state import StudioState
 from .base.style import CSS, SCALES, banner, esc
-from .rule_panel import DIFF_CSS
+from .rule_diff import DIFF_CSS
 from .token_strip import strip_html
 
 NONE = "(none)"

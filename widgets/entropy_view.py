@@ -31,7 +31,7 @@ from .base.pickers import run_choices
 from .base.plots import BAD_COLOR, ENTROPY_COLOR, OK_COLOR, THRESHOLD_COLOR, holoviews, plot_opts
 from .base.state import StudioState
 from .base.style import CSS, SCALES, banner, chip, esc
-from .token_strip import VISIBLE_WS, num, token_display
+from .token_text import VISIBLE_WS, num, token_display
 
 COMPARE_CSS = """
 table.dh { border-collapse:collapse; width:100%; font-size:12px; }

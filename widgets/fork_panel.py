@@ -29,7 +29,8 @@ from .base.clickable import ClickableHTML
 from .base.jobs import Job, failure, start
 from .base.state import StudioState
 from .base.style import CSS, REDRAWN, banner, esc
-from .token_strip import FORK_CSS, VISIBLE_WS, num, token_display, tree_forks, tree_key
+from .fork_marks import FORK_CSS, tree_forks, tree_key
+from .token_text import VISIBLE_WS, num, token_display
 
 AS_SAMPLED = "as sampled (draw again)"
 

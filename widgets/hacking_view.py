@@ -18,7 +18,8 @@ from .base.lazy import LazyView
 from .base.plots import holoviews, plot_opts
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
-from .rule_panel import DIFF_CSS, pair_labels, pick_two
+from .rule_diff import DIFF_CSS
+from .rule_panel import pair_labels, pick_two
 
 MATRIX_CSS = """
 table.matrix { border-collapse:collapse; font-size:13px; margin:4px 0 8px 0; }

@@ -45,7 +45,7 @@ def _host_free(css: str) -> str:
 
 
 def _page(title: str, subtitle: str, sections: list[tuple[str, str]], extra_css: list[str]) -> str:
-    from widgets.token_strip import FORK_CSS  # the tree's marks on a strip (◆ pivotal)
+    from widgets.fork_marks import FORK_CSS  # the tree's marks on a strip (◆ pivotal)
 
     css = "\n".join(_host_free(c) for c in [CSS, FORK_CSS, *extra_css]) + PAGE_CSS
     body = "".join(f'<section class="box"><h2>{h}</h2>{html}</section>' for h, html in sections)
