@@ -66,3 +66,27 @@ def test_the_policy_line_does_not_guess_the_device():
     assert describe_policy(POLICY_DIR) == "sample policy · gpt2"
     assert describe_policy(CHAT_POLICY_DIR) == "sample chat policy · qwen2"
     assert "not a model folder" in describe_policy("/nonexistent/model")
+
+
+def test_the_backend_line_says_when_a_local_policy_cannot_load(tmp_path):
+    """A folder that is not a model, or one whose weights the worker cannot load, is said so at once
+    (in red) instead of a "loading…" that never ends."""
+    import shutil
+    import time
+
+    from studio.workers import processes
+    from widgets.generate_panel import backend_html
+
+    assert "not a model folder" in backend_html(str(tmp_path / "nothing-here"), "local")
+    broken = tmp_path / "broken-policy"
+    broken.mkdir()
+    shutil.copy(POLICY_DIR / "config.json", broken / "config.json")  # a config, and no weights
+    assert "loading…" in backend_html(str(broken), "local")
+    processes.warm(broken)
+    deadline = time.time() + 120
+    while processes.load_error(broken) is None and time.time() < deadline:
+        time.sleep(0.5)
+    error = processes.load_error(broken)
+    assert error is not None and processes.local_device(broken) is None
+    line = backend_html(str(broken), "local", error=error)
+    assert "could not load it" in line and "backend-dot bad" in line

@@ -32,7 +32,7 @@ from studio.runs.generation import ConfigError, GenerateConfig, generate
 from studio.store import StoreError
 from studio.tasks import Prompt, TaskParseError, UnknownTaskError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
-from studio.workers.processes import local_device, note_local_device, warm
+from studio.workers.processes import load_error, local_device, note_local_device, warm
 from studio.workers.vocab import PolicyLoadError, backend_info, is_policy_url
 from widgets.forms import parameter
 
@@ -70,21 +70,27 @@ CHECK_EVERY_MS = 30_000  # a remote backend's health is checked again this often
 def backend_html(policy: str, state: str, info=None, error: str | None = None, device: str | None = None) -> str:
     """The backend line: where ``policy`` runs and how it is (``state``: local, checking, ok, down).
 
-    ``info`` is a remote backend's ``BackendInfo``; ``error`` why it did not answer; ``device``
-    a local worker's device once known.
+    ``info`` is a remote backend's ``BackendInfo``; ``error`` why it did not answer (a remote one) or
+    could not load it (a local one); ``device`` a local worker's device once known.
     """
     if not is_policy_url(policy):
         from sample_data import POLICY_DIR
 
         p = Path(policy)
         name = "sample policy" if p.resolve() == POLICY_DIR.resolve() else p.name
+        note, dot = "", "ok" if device else "idle"
         if device:
             where = f"<b>{esc(device.upper())}</b>"
+        elif not (p / "config.json").is_file():
+            where, dot = "<b>not a model folder</b>", "bad"
+        elif error:
+            where, dot = "<b>could not load it</b>", "bad"
+            note = f'<div class="backend-note bad">{esc(error)}</div>'
         else:
             where = '<span title="the worker process is loading the policy; its device shows here once loaded">loading…</span>'
-        return (f'<div class="backend-line"><span class="backend-dot {"ok" if device else "idle"}"></span>'
+        return (f'<div class="backend-line"><span class="backend-dot {dot}"></span>'
                 f'<span>local worker</span><span class="sep">·</span><b>{esc(name)}</b><span class="sep">·</span>'
-                f'{where}</div>')
+                f'{where}</div>{note}')
     host = urllib.parse.urlsplit(policy).netloc or policy
     head = (f'<span>remote</span><span class="sep">·</span><b title="{esc(policy)}">{esc(host)}</b>')
     if state == "checking":
@@ -134,10 +140,10 @@ class BackendStatus(pn.viewable.Viewer):
         policy = self.policy
         if not is_policy_url(policy):
             self._job.ticket()  # answered at once: a remote check still in flight is dropped
-            device = local_device(policy)
-            self._line.object = backend_html(policy, "local", device=device)
+            device, error = local_device(policy), load_error(policy)
+            self._line.object = backend_html(policy, "local", device=device, error=error)
             self._retry.visible, self.healthy = False, True
-            if device is None:
+            if device is None and error is None and (Path(policy) / "config.json").is_file():
                 self._await_device(policy)
             return
         self._line.object = backend_html(policy, "checking")
@@ -164,11 +170,11 @@ class BackendStatus(pn.viewable.Viewer):
             return
 
         def look() -> None:
-            device = local_device(policy)
-            if device is not None or self.policy != policy:
+            device, error = local_device(policy), load_error(policy)
+            if device is not None or error is not None or self.policy != policy:
                 poll.stop()
                 if self.policy == policy:
-                    self._line.object = backend_html(policy, "local", device=device)
+                    self._line.object = backend_html(policy, "local", device=device, error=error)
 
         poll = pn.state.add_periodic_callback(look, period=1000, count=300)
 

@@ -21,6 +21,7 @@ _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
 _warmed: set[str] = set()  # policies the pool's worker has loaded (or is loading)
 _devices: dict[str, str] = {}  # resolved policy folder -> the device its worker loaded it on ("cpu", "cuda")
+_load_errors: dict[str, str] = {}  # resolved policy folder -> why its worker could not load it (by warm)
 
 
 def local_device(policy: str | Path) -> str | None:
@@ -35,6 +36,13 @@ def note_local_device(policy: str | Path, device: str) -> None:
     """Remember that a local policy folder's worker runs on ``device``."""
     with _lock:
         _devices[str(Path(policy).resolve())] = device
+        _load_errors.pop(str(Path(policy).resolve()), None)
+
+
+def load_error(policy: str | Path) -> str | None:
+    """Why the worker could not load a local policy folder when :func:`warm` asked it to (else None)."""
+    with _lock:
+        return _load_errors.get(str(Path(policy).resolve()))
 
 
 def _init_worker() -> None:
@@ -142,8 +150,14 @@ def warm(policy: str | Path | None) -> None:
         if key in _warmed:
             return
         _warmed.add(key)
-    def loaded(future) -> None:  # the worker says where it put the weights
-        if future.exception() is None:
+
+    def loaded(future) -> None:  # the worker says where it put the weights, or why it could not
+        exc = future.exception()
+        if exc is None:
             note_local_device(key, future.result())
+            return
+        with _lock:
+            _load_errors[key] = f"{type(exc).__name__}: {exc}"
+            _warmed.discard(key)  # the next warm tries again
 
     pool().submit(warm_job, key).add_done_callback(loaded)
