@@ -53,7 +53,11 @@ TABLE_CSS = (":host .tabulator { font-size: 13px; } :host .tabulator-col-title {
              " :host .tabulator-col.tabulator-sortable .tabulator-col-title { padding-right: 12px !important; }"
              " :host .tabulator-col-sorter { right: 0 !important; }"
              " :host .tabulator-row { min-height: 28px !important; } :host .tabulator-cell { padding: 4px !important; }"
-             " :host .tabulator-placeholder-contents { font-size: 13px; color: #495057; }")
+             " :host .tabulator-placeholder-contents { font-size: 13px; color: #495057; }"
+             # a cut prompt or completion ends in an ellipsis (on the text's own box, which Panel wraps in
+             # the cell), clear of the number beside it
+             " :host .tabulator-cell > div { overflow: hidden; text-overflow: ellipsis; }"
+             " :host .tabulator-cell[tabulator-field=completion] { padding-right: 10px !important; }")
 
 
 class RolloutTable(pn.viewable.Viewer):
