@@ -5,6 +5,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -12,6 +13,59 @@ import numpy as np
 class PolicyLoadError(ValueError):
     """The given policy cannot be used: not a loadable causal-LM folder, or a backend URL
     that does not answer as one (``backends.remote.RemoteError``); the message says why."""
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class Turn:
+    """One turn of a trajectory: a span of its completion's tokens and what it was.
+
+    A single-turn completion has no turns list (one assistant turn over every token). In an agent
+    trajectory an assistant turn that ends in a tool call carries the call (``tool_name``,
+    ``tool_args`` as the policy wrote them); the tool turn after it carries the tool's response as
+    ``text`` (its tokens are not the policy's: masked, no statistics) and ``error`` when the call
+    failed (invalid JSON, unknown tool, the tool raised, ran out of time or memory).
+    """
+
+    role: str  # system | user | assistant | tool
+    start: int | None  # first token of the turn (pos in the completion); None: the turn has no tokens
+    end: int | None  # one past its last token
+    text: str = ""
+    tool_name: str | None = None
+    tool_args: str | None = None  # the call's arguments: JSON text as written (an assistant turn's call)
+    tool_call_id: str | None = None
+    error: str | None = None  # why the call failed (on the tool turn that answered it)
+
+    @property
+    def trained(self) -> bool:
+        """Whether the loss sees this turn's tokens: only the policy's own (assistant) turns."""
+        return self.role == "assistant"
+
+
+@dataclass
+class ToolReply:
+    """What the environment answers to one tool call of an agent trajectory."""
+
+    text: str  # appended to the context as the policy sees it (the tool turn's tokens), e.g. "<tool_response>24</tool_response>"
+    tool_name: str | None = None  # the tool the call named (None: the call could not be read)
+    tool_args: str | None = None  # the call's arguments, JSON text as the policy wrote them
+    error: str | None = None  # why the call failed: not valid JSON, an unknown tool, the tool raised / timed out / ran out of memory
+
+
+class AgentEnv(Protocol):
+    """The environment of an agent loop (``backends.agent``): where a call ends, and how it is answered.
+
+    The studio's side (``studio.workers.agent_env``) reads the call with the task and runs the tool in
+    the sandbox; a backend only sees text.
+    """
+
+    call_end: str  # the text that closes a tool call (e.g. "</tool_call>"): sampling pauses after it
+
+    def reply(self, prompt_index: int, call: str) -> ToolReply:
+        """Answer the call that ends ``call`` (the assistant turn's text, ``call_end`` included)."""
+        ...
 
 
 @dataclass
@@ -30,10 +84,19 @@ class Generation:
     topk_logprobs: np.ndarray  # [T, k] float32
     finish_reason: str  # "stop" (end token sampled) or "length" (max_new_tokens reached)
     entropy_estimate: bool = False  # entropies bounded from top-k logprobs (a plain OpenAI server), not exact
+    # agent trajectories: the turns in order (None: one assistant turn over all tokens) and the loss mask
+    # (True on the policy's own tokens; tool responses False, their statistics NaN / topk ids -1)
+    turns: list[Turn] | None = None
+    loss_mask: np.ndarray | None = None  # [T] bool; None: every token trained
 
     @property
     def n_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    @property
+    def mask(self) -> np.ndarray:
+        """The loss mask, [T] bool (all True for a completion without one)."""
+        return np.ones(self.n_tokens, dtype=bool) if self.loss_mask is None else self.loss_mask.astype(bool)
 
 
 def is_policy_url(policy: object) -> bool:

@@ -173,7 +173,7 @@ def branch_frames(plan: BranchPlan, run_id: str, gens: list, rule: Rule, version
     prompt = queries.prompt_of_row(plan.parent)
     for i, g in enumerate(gens):  # one request is one group: GRPO compares the fork's continuations
         g.prompt_index, g.sample_idx = 0, i
-    rollouts, tokens = generation_rows(run_id, task, [prompt], gens, version)
+    rollouts, tokens, turns = generation_rows(run_id, task, [prompt], gens, version)
     rollouts["parent_rollout_id"] = plan.parent["rollout_id"]
     rollouts["fork_pos"] = plan.fork_pos
     per = plan.config.n
@@ -181,7 +181,7 @@ def branch_frames(plan: BranchPlan, run_id: str, gens: list, rule: Rule, version
     items = [(rid, prompt, g.text) for rid, g in zip(rollouts["rollout_id"], gens, strict=False)]
     rewards = score_frame(rule, task, items)
     return {"prompts": prompt_rows(task, [prompt]), "rule_versions": rule_version_frame(rule),
-            "rollouts": rollouts, "tokens": tokens, "rewards": rewards}
+            "rollouts": rollouts, "tokens": tokens, "turns": turns, "rewards": rewards}
 
 
 async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int | None],

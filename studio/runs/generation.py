@@ -85,11 +85,11 @@ def parse_prompts(task: Task, texts: list[str | Prompt]) -> list[Prompt]:
 def ingest(store: Store, run_id: str, task: Task, prompts: list[Prompt], gens: list, rule: Rule,
            policy_version: str | None) -> tuple[int, list[str]]:
     """Score ``gens`` and write prompts, rollouts, tokens and rewards in one transaction."""
-    rollouts, tokens = generation_rows(run_id, task, prompts, gens, policy_version)
+    rollouts, tokens, turns = generation_rows(run_id, task, prompts, gens, policy_version)
     items = [(rid, prompts[g.prompt_index], g.text) for rid, g in zip(rollouts["rollout_id"], gens, strict=False)]
     rewards = score_frame(rule, task, items)
     store.write({"prompts": prompt_rows(task, prompts), "rule_versions": rule_version_frame(rule),
-                 "rollouts": rollouts, "tokens": tokens, "rewards": rewards})
+                 "rollouts": rollouts, "tokens": tokens, "turns": turns, "rewards": rewards})
     return len(rollouts), list(dict.fromkeys(rollouts["group_id"]))
 
 

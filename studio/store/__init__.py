@@ -212,6 +212,9 @@ class Store:
                     cur.execute(stmt)
                 if version < 8:  # correctness became a column: what SQL could not backfill (schema.MIGRATIONS[8])
                     fill_verdicts(cur)
+                if version < 9:  # every stored rollout is one assistant turn; the tokens view gains turn and mask
+                    cur.execute(schema.SINGLE_TURN)
+                    self.refresh_tokens_view(cur)
                 cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
     # -- token shards --------------------------------------------------------------------
@@ -347,6 +350,7 @@ class Store:
                 if f.exists():
                     # by name: files written before a column existed leave it NULL
                     cur.execute(f"INSERT INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)", [str(f)])
+            cur.execute(schema.SINGLE_TURN)
             fill_verdicts(cur)
 
     def close(self) -> None:

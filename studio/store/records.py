@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -95,8 +96,60 @@ def validate(gen: Generation) -> None:
     bad = {name: n for name, n in shapes.items() if n != T}
     if bad or gen.topk_logprobs.shape[-1:] != (k,) or k < 0:
         raise RecordError(f"generation for {gen.prompt!r}: {T} tokens but field lengths {bad or shapes}")
-    if T and not (np.isfinite(gen.entropies).all() and (gen.logprobs <= 1e-4).all()):
+    mask = gen.mask
+    if mask.shape != (T,):
+        raise RecordError(f"generation for {gen.prompt!r}: a loss mask of {mask.shape[0]} entries for {T} tokens")
+    # the policy's own tokens carry statistics; a tool response's tokens (masked) carry none
+    if T and not (np.isfinite(gen.entropies[mask]).all() and (gen.logprobs[mask] <= 1e-4).all()):
         raise RecordError(f"generation for {gen.prompt!r}: entropies must be finite and logprobs <= 0")
+    if gen.turns is not None:
+        check_turns(gen.turns, T, f"generation for {gen.prompt!r}")
+
+
+def check_turns(turns, n_tokens: int, where: str) -> None:
+    """Refuse turns out of order, overlapping, past the tokens, or of an unknown role."""
+    from backends import ROLES
+
+    end = 0
+    for i, t in enumerate(turns):
+        if t.role not in ROLES:
+            raise RecordError(f"{where}: turn {i} has role {t.role!r}; a turn is one of {', '.join(ROLES)}")
+        if t.start is None:
+            continue
+        if t.end is None or not end <= t.start <= t.end <= n_tokens:
+            raise RecordError(f"{where}: turn {i} ({t.role}) spans tokens {t.start}..{t.end}, out of order or past "
+                              f"the {n_tokens} tokens (turns must follow each other: the previous one ended at {end})")
+        end = t.end
+
+
+def turn_of_tokens(turns, n_tokens: int) -> np.ndarray:
+    """The turn index of each of ``n_tokens`` tokens ([T] int32; -1 where no turn covers it)."""
+    out = np.full(n_tokens, -1, dtype=np.int32)
+    for i, t in enumerate(turns or []):
+        if t.start is not None:
+            out[t.start:t.end] = i
+    return out
+
+
+def trajectory_counts(turns) -> tuple[int, int, int]:
+    """``(n_turns, n_tool_calls, n_tool_errors)`` of a completion's turns (None: one assistant turn)."""
+    if not turns:
+        return 1, 0, 0
+    calls = sum(1 for t in turns if t.role == "assistant" and t.tool_name is not None)
+    errors = sum(1 for t in turns if t.role == "tool" and t.error)
+    return len(turns), calls, errors
+
+
+def turn_frame(rollout_ids: list[str], turns_per_rollout: list) -> pd.DataFrame:
+    """``turns`` rows of each rollout's turns (rollouts whose turns are None have none)."""
+    rows = [{"rollout_id": rid, "turn_idx": i, "role": t.role, "start_pos": t.start, "end_pos": t.end,
+             "content": t.text, "tool_name": t.tool_name, "tool_args": t.tool_args,
+             "tool_call_id": t.tool_call_id, "error": t.error}
+            for rid, turns in zip(rollout_ids, turns_per_rollout, strict=True) for i, t in enumerate(turns or [])]
+    cols = ["rollout_id", "turn_idx", "role", "start_pos", "end_pos", "content", "tool_name", "tool_args",
+            "tool_call_id", "error"]
+    frame = pd.DataFrame(rows, columns=cols)
+    return frame.astype({"turn_idx": "int32", "start_pos": "Int32", "end_pos": "Int32"})
 
 
 def step_index(token_texts: list[str], task: Task, prompt: Prompt, completion: str) -> list[int | None]:
@@ -126,43 +179,66 @@ def prompt_rows(task: Task, prompts: list[Prompt]) -> pd.DataFrame:
     } for p in prompts]).drop_duplicates("prompt_id")
 
 
+class GenerationRows(NamedTuple):
+    """What :func:`generation_rows` makes: a store write's ``rollouts``, ``tokens`` and ``turns``."""
+
+    rollouts: pd.DataFrame
+    tokens: pa.Table
+    turns: pd.DataFrame
+
+    def frames(self) -> dict:
+        """The three as :meth:`studio.store.Store.write` takes them."""
+        return {"rollouts": self.rollouts, "tokens": self.tokens, "turns": self.turns}
+
+
 def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[Generation],
                     policy_version: str | None = None, train_step: int | None = None,
-                    ) -> tuple[pd.DataFrame, pa.Table]:
-    """Rollout and token rows for ``gens``; ``gens[i].prompt_index`` indexes ``prompts``.
+                    ) -> GenerationRows:
+    """Rollout, token and turn rows for ``gens``; ``gens[i].prompt_index`` indexes ``prompts``.
 
     Completions of the same prompt in one call form one group (one GRPO group). Each rollout
     carries its answer and correctness under ``task`` (a fact of the rollout, whatever reward
     version is shown), and the text the policy continued when a chat template made it differ
-    from the prompt's text.
+    from the prompt's text. An agent trajectory's tokens carry their turn and the loss mask
+    (a tool response's tokens: not trained, no statistics), its turns become ``turns`` rows.
     """
     groups: dict[int, str] = {}
     created = now()
     rollouts, tok_cols = [], {k: [] for k in ("rollout_id", "pos", "token_id", "token_text", "logprob",
-                                              "entropy", "topk_ids", "topk_logprobs", "step_idx")}
+                                              "entropy", "topk_ids", "topk_logprobs", "step_idx",
+                                              "turn_idx", "trained")}
+    rids, turn_lists = [], []
     for gen in gens:
         validate(gen)
         prompt = prompts[gen.prompt_index]
         rid = new_id("r")
         gid = groups.setdefault(gen.prompt_index, new_id("g"))
         answer, correct = task.verdict(prompt, gen.text)
+        n_turns, n_calls, n_errors = trajectory_counts(gen.turns)
+        rids.append(rid)
+        turn_lists.append(gen.turns)
         rollouts.append({
             "rollout_id": rid, "run_id": run_id, "train_step": train_step,
             "prompt_id": prompt_id(task.name, prompt.text), "group_id": gid,
             "sample_idx": gen.sample_idx, "text": gen.text, "n_tokens": gen.n_tokens,
             "finish_reason": gen.finish_reason, "policy_version": policy_version, "created_at": created,
             "prompt_text": gen.prompt if gen.prompt != prompt.text else None, "answer": answer, "correct": correct,
+            "n_turns": n_turns, "n_tool_calls": n_calls, "n_tool_errors": n_errors,
         })
         T = gen.n_tokens
+        mask = gen.mask
         tok_cols["rollout_id"] += [rid] * T
         tok_cols["pos"] += list(range(T))
         tok_cols["token_id"] += gen.token_ids.tolist()
         tok_cols["token_text"] += gen.token_texts
-        tok_cols["logprob"] += gen.logprobs.tolist()
-        tok_cols["entropy"] += gen.entropies.tolist()
-        tok_cols["topk_ids"] += gen.topk_ids.tolist()
-        tok_cols["topk_logprobs"] += gen.topk_logprobs.tolist()
+        # a masked token's statistics are not the policy's: stored as NULL
+        tok_cols["logprob"] += [float(v) if m else None for v, m in zip(gen.logprobs.tolist(), mask, strict=True)]
+        tok_cols["entropy"] += [float(v) if m else None for v, m in zip(gen.entropies.tolist(), mask, strict=True)]
+        tok_cols["topk_ids"] += [v if m else None for v, m in zip(gen.topk_ids.tolist(), mask, strict=True)]
+        tok_cols["topk_logprobs"] += [v if m else None for v, m in zip(gen.topk_logprobs.tolist(), mask, strict=True)]
         tok_cols["step_idx"] += step_index(gen.token_texts, task, prompt, gen.text)
+        tok_cols["turn_idx"] += (turn_of_tokens(gen.turns, T).tolist() if gen.turns else [0] * T)
+        tok_cols["trained"] += mask.tolist()
     tokens = pa.table({
         "rollout_id": pa.array(tok_cols["rollout_id"], pa.string()),
         "pos": pa.array(tok_cols["pos"], pa.int32()),
@@ -173,5 +249,7 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
         "topk_ids": pa.array(tok_cols["topk_ids"], pa.list_(pa.int32())),
         "topk_logprobs": pa.array(tok_cols["topk_logprobs"], pa.list_(pa.float32())),
         "step_idx": pa.array(tok_cols["step_idx"], pa.int32()),
+        "turn_idx": pa.array(tok_cols["turn_idx"], pa.int32()),
+        "trained": pa.array(tok_cols["trained"], pa.bool_()),
     })
-    return pd.DataFrame(rollouts), tokens
+    return GenerationRows(pd.DataFrame(rollouts), tokens, turn_frame(rids, turn_lists))

@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -54,8 +54,11 @@ TABLES: dict[str, str] = {
         prompt_text VARCHAR,            -- the exact text the policy continued (a chat template applied) (schema 8);
                                         --   NULL: the prompt's text as it is
         answer VARCHAR,                 -- the final answer the completion states, read by its task (schema 8)
-        correct BOOLEAN                 -- that answer verified against the gold one by the task, or the import's own
+        correct BOOLEAN,                -- that answer verified against the gold one by the task, or the import's own
                                         --   correctness field (schema 8); NULL: no gold answer to check against
+        n_turns INTEGER,                -- agent trajectories (schema 9): turns of the completion (1: a single answer),
+        n_tool_calls INTEGER,           --   tool calls the policy made,
+        n_tool_errors INTEGER           --   calls that failed (bad JSON, unknown tool, the tool raised / timed out)
     """,
     "tokens": """                       -- a view (schema 7): the rows of table token_rows and of the
                                         --   Parquet shards in token_shards; see TOKEN_ROWS
@@ -69,7 +72,29 @@ TABLES: dict[str, str] = {
         topk_logprobs FLOAT[],
         ref_logprob FLOAT,
         step_idx INTEGER,               -- which reasoning step the token belongs to (NULL: none)
-        train_weight FLOAT              -- mini-runs: advantage x entropy mask this token was trained with (schema 4)
+        train_weight FLOAT,             -- mini-runs: advantage x entropy mask this token was trained with (schema 4)
+        turn_idx INTEGER,               -- the turn (turns.turn_idx) the token belongs to (schema 9); NULL: turn 0
+        trained BOOLEAN                 -- the loss mask: false on tokens the policy did not write (tool responses:
+                                        --   no logprob / entropy); NULL: trained
+    """,
+    "turns": """
+        rollout_id VARCHAR NOT NULL,    -- an agent trajectory's turns after its prompt, in order (schema 9); a
+        turn_idx INTEGER NOT NULL,      --   rollout without rows here is one assistant turn over all its tokens
+        role VARCHAR NOT NULL,          -- assistant | tool | user | system
+        start_pos INTEGER,              -- its tokens: pos start_pos .. end_pos - 1 (NULL: a turn without tokens)
+        end_pos INTEGER,
+        content VARCHAR,                -- the turn's text (a tool turn: the tool's response as the policy saw it)
+        tool_name VARCHAR,              -- an assistant turn's call / the tool that answered it
+        tool_args VARCHAR,              -- the call's arguments, JSON text as the policy wrote it
+        tool_call_id VARCHAR,
+        error VARCHAR                   -- a tool turn: why the call failed (NULL: it ran)
+    """,
+    "turn_rewards": """
+        rollout_id VARCHAR NOT NULL,    -- a reward per turn (schema 9)
+        turn_idx INTEGER NOT NULL,
+        source VARCHAR NOT NULL,        -- a rule version's id (its turn_reward, or an import's per-turn scores),
+                                        --   or ig-<policy version> (information gain per turn)
+        value DOUBLE
     """,
     "token_scores": """
         rollout_id VARCHAR NOT NULL,    -- a stored rollout re-scored (teacher-forced) by another policy
@@ -204,7 +229,10 @@ VIEWS = frozenset({"tokens"})
 TOKEN_ROWS = "token_rows"
 
 # Tables that the sample Parquet files seed, in load order.
-SEEDED = ("tasks", "runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards")
+SEEDED = ("tasks", "runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards", "turns", "turn_rewards")
+
+# what a rollout written without its trajectory counts is: one assistant turn, no tool calls
+SINGLE_TURN = "UPDATE rollouts SET n_turns = 1, n_tool_calls = 0, n_tool_errors = 0 WHERE n_turns IS NULL"
 
 # version -> list of SQL statements that bring a store from version-1 to version.
 MIGRATIONS: dict[int, list[str]] = {
@@ -260,6 +288,13 @@ MIGRATIONS: dict[int, list[str]] = {
                  WHERE ro.correct IS NULL AND coalesce(p.gold->>'answer', '') <> ''
                  GROUP BY ro.rollout_id) b
            WHERE rollouts.rollout_id = b.rollout_id""",
+    ],
+    9: [  # agent trajectories: turns, the loss mask, per-turn rewards; a stored rollout is one assistant turn
+        "ALTER TABLE token_rows ADD COLUMN IF NOT EXISTS turn_idx INTEGER",
+        "ALTER TABLE token_rows ADD COLUMN IF NOT EXISTS trained BOOLEAN",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_turns INTEGER",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_tool_calls INTEGER",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_tool_errors INTEGER",
     ],
 }
 

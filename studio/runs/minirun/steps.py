@@ -85,7 +85,7 @@ def write_step(store: Store, run_id: str, task, out, vid: str, golds: list[dict]
     """One training step's rollouts, tokens, rewards and metrics: one transaction."""
     prompts = [Prompt(t, g) for t, g in zip(out.prompts, golds, strict=False)]
     lag = int(out.metrics.get("staleness", 0) or 0)  # overlapped sampling: drawn by the weights `lag` updates back
-    rollouts, tokens = generation_rows(run_id, task, prompts, out.generations, f"{run_id}@{out.step - 1 - lag}",
+    rollouts, tokens, turns = generation_rows(run_id, task, prompts, out.generations, f"{run_id}@{out.step - 1 - lag}",
                                        train_step=out.step)
     rollouts["train_advantage"] = np.asarray(out.advantages, dtype=np.float64)
     weights = np.concatenate(out.token_weights) if out.token_weights else np.zeros(0)
@@ -99,4 +99,5 @@ def write_step(store: Store, run_id: str, task, out, vid: str, golds: list[dict]
     metrics = pd.DataFrame([{"run_id": run_id, "train_step": out.step, "name": k, "value": float(v)}
                             for k, v in out.metrics.items()])
     with store.transaction() as cur:
-        store.write({"rollouts": rollouts, "tokens": tokens, "rewards": rewards, "metrics": metrics}, cur=cur)
+        store.write({"rollouts": rollouts, "tokens": tokens, "turns": turns, "rewards": rewards, "metrics": metrics},
+                    cur=cur)
