@@ -49,6 +49,12 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     completions; ``bnpo``, over all tokens of the batch; ``dr_grpo``, the sum divided by
     (completions × ``max_completion_length``). ``advantages`` is [B] or [B, T].
 
+    ``mask`` is padding and the loss mask together (:func:`completion_logps` makes it): a token
+    outside it (padding, a tool response's token in an agent trajectory) contributes nothing,
+    neither to the loss nor to the length it is averaged over, and its gradient is exactly 0.
+    Its ``old_logps`` / ``ref_logps`` may be NaN (a tool token has no policy statistics): they
+    are never read. (An entropy-masked token, by contrast, still counts in the length.)
+
     Returns the loss and statistics: ``clip_frac`` (share of tokens whose ratio left the
     clip range on the side that matters for the sign of A, TRL's ``clip_ratio/region_mean``),
     ``kl`` (mean KL per token), ``ratio_mean``.
@@ -65,7 +71,12 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
         raise ValueError(f"unknown loss type {loss_type!r}; choose from {', '.join(LOSS_TYPES)}")
     eps_high = eps_low if eps_high is None else eps_high
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
-    mask = mask.to(logps.dtype)
+    keep = mask > 0
+    mask = keep.to(logps.dtype)
+    # outside the mask π_old and π_ref read as π (ratio 1, KL 0): a NaN there never reaches a sum or a gradient
+    old_logps = torch.where(keep, old_logps, logps.detach())
+    if ref_logps is not None:
+        ref_logps = torch.where(keep, ref_logps, logps.detach())
     ratio = torch.exp(logps - old_logps)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
@@ -78,6 +89,7 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
         d = ref_logps - logps
         kl = torch.exp(d) - d - 1
         per_token = per_token + beta * (kl * ratio if kl_ratio_correction else kl)
+    per_token = torch.where(keep, per_token, 0.0)  # a masked token adds an exact 0, and gets an exact 0 gradient
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
@@ -96,8 +108,14 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
 
 
 def completion_logps(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                     with_entropy: bool = False, loss_masks: list | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-token log π(completion token | context) for a batch, with gradients.
+
+    ``loss_masks`` (per row, a [T] bool sequence; None: every token trained) is each
+    completion's loss mask: an agent trajectory's tool-response tokens are False. They stay in
+    the context the later tokens read (the policy saw them), but the returned ``mask`` is 0 on
+    them as on padding, so :func:`policy_loss` neither trains on them nor counts them.
 
     Prompts are left-padded and completions right-padded, with position ids counted over
     the real tokens (as the sampler counts them), so a log-prob here equals the one
@@ -117,7 +135,19 @@ def completion_logps(model, prompt_ids: list[list[int]], completion_ids: list[li
     logp_all = torch.log_softmax(logits, -1)  # [B, C, V]: row j predicts completion token j
     logps = logp_all.gather(-1, comp[..., None]).squeeze(-1)
     ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return logps, mask.to(logps.dtype), ent
+    mask = mask.to(logps.dtype)
+    if loss_masks is not None:
+        mask = mask * _right_padded_mask(loss_masks, C, mask.device)
+    return logps, mask, ent
+
+
+def _right_padded_mask(loss_masks: list, C: int, device) -> torch.Tensor:
+    """Per-row loss masks as one [B, C] float tensor (1 = trained), 0 past each row's end."""
+    out = torch.zeros(len(loss_masks), C)
+    for b, m in enumerate(loss_masks):
+        m = torch.as_tensor(np.asarray(m, dtype=np.float32))
+        out[b, :len(m)] = m
+    return out.to(device)
 
 
 def _left_padded(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,36 +237,42 @@ def length_buckets(lengths: list[int], max_buckets: int = 4, overhead: int = 64)
 
 @dataclass
 class MicroBatch:
-    """Part of a training batch: its rows' token ids and advantages, and its share of the
-    batch's loss (``weight``: rows / batch rows, or tokens / batch tokens for ``bnpo``)."""
+    """Part of a training batch: its rows' token ids, loss masks and advantages, and its share of
+    the batch's loss (``weight``: rows / batch rows, or trained tokens / batch trained tokens for
+    ``bnpo``)."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     advantages: torch.Tensor  # [b]
     weight: float
-    n_tokens: int
+    n_tokens: int  # trained tokens (the loss mask's True entries)
     entropy_mask: torch.Tensor | None = None  # [b, C_b]
+    loss_masks: list[np.ndarray] | None = None  # per row [T] bool; None: every token trained
     old_logps: torch.Tensor | None = None  # [b, C_b]; None: this pass's own, detached (μ = 1)
     ref_logps: torch.Tensor | None = None  # [b, C_b]
 
 
 def micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], advantages: torch.Tensor,
                   buckets: list[np.ndarray], loss_type: str = "grpo",
-                  entropy_mask: torch.Tensor | None = None) -> list[MicroBatch]:
+                  entropy_mask: torch.Tensor | None = None, loss_masks: list | None = None) -> list[MicroBatch]:
     """The batch cut along ``buckets`` (see :func:`length_buckets`), with loss weights such
     that Σ weight × ``policy_loss(micro-batch)`` equals ``policy_loss(batch)`` for every
     loss type: ``grpo`` and ``dr_grpo`` average over completions (weight = rows share),
-    ``bnpo`` over tokens (weight = token share)."""
-    n_rows, n_tok = len(completion_ids), sum(map(len, completion_ids))
+    ``bnpo`` over trained tokens (weight = trained-token share). ``loss_masks``: per row, the
+    completion's loss mask (None: every token trained)."""
+    trained = [len(c) if loss_masks is None else int(np.count_nonzero(m))
+               for c, m in zip(completion_ids, loss_masks or completion_ids, strict=True)]
+    n_rows, n_tok = len(completion_ids), sum(trained)
     out = []
     for idx in buckets:
         c = [completion_ids[i] for i in idx]
-        toks = sum(map(len, c))
+        toks = sum(trained[i] for i in idx)
         w = (toks / max(1, n_tok)) if loss_type == "bnpo" else len(idx) / max(1, n_rows)
         width = max(1, max(map(len, c)))
         ti = torch.as_tensor(np.asarray(idx), device=advantages.device)
         em = None if entropy_mask is None else entropy_mask[ti, :width]
-        out.append(MicroBatch([prompt_ids[i] for i in idx], c, advantages[ti], w, toks, em))
+        lm = None if loss_masks is None else [np.asarray(loss_masks[i], dtype=bool) for i in idx]
+        out.append(MicroBatch([prompt_ids[i] for i in idx], c, advantages[ti], w, toks, em, lm))
     return out
 
 
@@ -247,7 +283,7 @@ def backward(model, batches: list[MicroBatch], pad_id: int, **loss_kw) -> tuple[
     total, stats = 0.0, {"clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0}
     n_tok = max(1, sum(mb.n_tokens for mb in batches))
     for mb in batches:
-        logps, mask, _ = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad_id)
+        logps, mask, _ = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad_id, loss_masks=mb.loss_masks)
         old = mb.old_logps if mb.old_logps is not None else logps.detach()
         loss, st = policy_loss(logps, old, mb.advantages, mask, ref_logps=mb.ref_logps, entropy_mask=mb.entropy_mask,
                                **loss_kw)
@@ -268,17 +304,19 @@ class StepOutput:
     prompts: list[str]
     rewards: list[dict[str, float | None]]  # per generation: component -> value ('total' included)
     advantages: list[float]  # per generation: the advantage the loss used
-    token_weights: list[np.ndarray]  # per generation: advantage × entropy mask, per token
+    token_weights: list[np.ndarray]  # per generation, per token: advantage × entropy mask × loss mask
     metrics: dict[str, float]
     reward_errors: list[dict[str, str]] = field(default_factory=list)  # per generation: component -> why it failed
 
 
 def entropy_threshold(entropies: list[np.ndarray], q: float) -> float | None:
     """The (1 - q) quantile of the batch's token entropies (TRL's ``top_entropy_quantile`` q):
-    tokens at or above it are trained on. None for q >= 1 (every token)."""
+    tokens at or above it are trained on. None for q >= 1 (every token). A tool response's
+    tokens (NaN entropy: not the policy's) are not in the quantile."""
     if q >= 1.0:
         return None
     allv = np.concatenate([e for e in entropies if len(e)]) if any(len(e) for e in entropies) else np.zeros(0)
+    allv = allv[np.isfinite(allv)]
     return float(np.quantile(allv, 1 - q)) if allv.size else None
 
 

@@ -169,6 +169,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         thr = entropy_threshold([g.entropies for g in gens], cfg.entropy_q)
         emasks = [np.ones(g.n_tokens, np.float32) if thr is None else (g.entropies >= thr).astype(np.float32)
                   for g in gens]
+        lmasks = [g.mask for g in gens]  # an agent trajectory's tool tokens: False (never trained)
         c_ids = [g.token_ids.tolist() for g in gens]
         C = max(1, max(len(c) for c in c_ids))
         em = torch.zeros(len(gens), C, device=device)
@@ -178,7 +179,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         # on a CPU, micro-batches of similar lengths (padding costs compute there); one batch on a GPU
         buckets = (length_buckets([len(p) + len(c) for p, c in zip(p_ids, c_ids, strict=False)]) if device == "cpu"
                    else [np.arange(len(gens))])
-        batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None)
+        batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None, lmasks)
         with torch.no_grad():
             for mb, idx in zip(batches, buckets, strict=False):
                 if lag:  # π_old is the policy that sampled: its recorded log-probs (the ratio corrects the lag)
@@ -189,6 +190,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
                 elif cfg.iterations > 1:  # on-policy: π_old is this policy before the updates
                     mb.old_logps = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad)[0]
                 # else: one update on-policy, π_old is the forward pass itself, detached (as TRL)
+                # (a tool token's recorded log-prob is NaN: the loss never reads it, see policy_loss)
                 if ref is not None:
                     mb.ref_logps = completion_logps(ref, mb.prompt_ids, mb.completion_ids, pad)[0]
         stats_all, gnorm = [], 0.0
@@ -202,13 +204,13 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
             stats_all.append(stats | {"loss": loss})
         if sampler is not None:
             sampler.publish(model, step)
-        n_tok = float(sum(len(c) for c in c_ids))
+        own = np.concatenate([g.entropies[g.mask] for g in gens])  # the policy's tokens (tool tokens: NaN)
         equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
         comps = sorted({k for r in rewards for k in r})
         metrics = {
             "reward_mean": float(np.nanmean(total)) if np.isfinite(total).any() else float("nan"),
             "reward_std": float(np.nanstd(total)) if np.isfinite(total).any() else float("nan"),
-            "entropy": float(np.concatenate([g.entropies for g in gens]).mean()) if n_tok else 0.0,  # the sampler's
+            "entropy": float(own.mean()) if own.size else 0.0,  # the sampler's
             "kl": stats_all[-1]["kl"], "clip_frac": float(np.mean([s["clip_frac"] for s in stats_all])),
             "loss": float(np.mean([s["loss"] for s in stats_all])), "grad_norm": gnorm,
             "completion_len": float(np.mean([g.n_tokens for g in gens])),
@@ -225,7 +227,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         metrics["accuracy"] = float(np.mean([bool(task.verdict(picked[g.prompt_index], g.text)[1]) for g in gens]))
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
-                         token_weights=[float(x) * m for x, m in zip(adv, emasks, strict=False)], metrics=metrics,
+                         token_weights=[float(x) * m * lm for x, m, lm in zip(adv, emasks, lmasks, strict=True)], metrics=metrics,
                          reward_errors=reward_errors)
         queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
                    "prompts_gold": [p.gold for p in picked]})
