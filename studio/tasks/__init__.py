@@ -1,5 +1,5 @@
 """Tasks: prompt generators with gold answers and completion parsers."""
-from . import arithmetic, text  # noqa: F401  (register the sample task and the free-text task of imports)
+from . import agent, arithmetic, text  # noqa: F401  (register the sample tasks and the free-text task of imports)
 from .base import (
                    ParsedCompletion,
                    Prompt,
