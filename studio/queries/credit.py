@@ -11,11 +11,18 @@
   writes the last two) or :data:`IMPLICIT`, the implicit process reward β·Σ log(π/π_ref) over a
   step (PRIME, from stored reference log-probs); :func:`group_step_advantages` normalises them
   within the rollout's group (process supervision).
+- :func:`turn_advantages`: an agent trajectory's per-turn rewards from a stored source (a rule's
+  ``turn_reward``, an import's per-turn scores, information gain per turn) made advantages over
+  its group (:mod:`studio.signals.turns`: normalisation, discount, the G-RA gate);
+  :func:`turn_token_advantages` spreads them over the tokens (a tool response's: 0).
 - Group diagnostics: :func:`all_equal_by_step`, :func:`prompt_stats` (variance, pass rate,
   difficulty band).
 
+Tokens the policy did not write (``tokens.trained`` false: a tool's response) get no credit
+under any estimator: their advantage is 0.
+
 The formulas are :mod:`studio.signals`' pure functions (:mod:`~studio.signals.advantages`,
-:mod:`~studio.signals.steps`); this module reads what they need.
+:mod:`~studio.signals.steps`, :mod:`~studio.signals.turns`); this module reads what they need.
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ from studio.queries.scoring import scored_rollouts_sql
 from studio.queries.table import RolloutFilter, rollout_table
 from studio.signals.advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
 from studio.signals.steps import Segmenter, band, step_advantages, token_spans
+from studio.signals.turns import TurnCredit, gate_turns
+from studio.signals.turns import turn_advantages as turn_credit
 from studio.store import Store
 
 IMPLICIT = "implicit"  # the step-reward source computed from reference log-probs
@@ -47,12 +56,14 @@ class TokenCredit:
 
 
 def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version_id: str | None = None,
-                     scored: ScoredGroup | None = None) -> TokenCredit:
-    """The rollout's advantage per token under ``credit`` (see :mod:`studio.signals.advantages`).
+                     scored: ScoredGroup | None = None, trained: np.ndarray | None = None) -> TokenCredit:
+    """The rollout's advantage per token under ``credit`` (see :mod:`studio.signals.advantages`);
+    0 on the tokens the policy did not write (a tool's response: not trained), under every
+    estimator (KL in the reward counts no KL term there either).
 
     ``scored``: the rollout's group as :func:`scored_group` scored it under the same
     ``credit`` and version (the token strip has it from the header); read afresh when not given
-    or not that.
+    or not that. ``trained``: the rollout's loss mask ([T] bool), read when not given.
     """
     credit.validate()
     if credit.missing:
@@ -69,28 +80,52 @@ def token_advantages(store: Store, rollout_id: str, credit: Credit, rule_version
     n = int(row["n_tokens"])
     if credit.estimator == "kl":  # every completion of the group: the baseline is their mean return
         members = {m["rollout_id"]: m for m in scored.members}
+        masks = _trained_of(store, list(scored.tokens))
         parts, ids, gids = [], [], []
         for rid, toks in scored.tokens.items():  # in rollout id order, with the log-probs the header summed
             m = members[rid]
-            ref = _floats([t["ref"] for t in toks])
-            if np.isnan(ref).any() or pd.isna(m["reward"]):
+            on = masks.get(rid, np.ones(len(toks), dtype=bool))
+            lp, ref = _floats([t["logprob"] for t in toks]), _floats([t["ref"] for t in toks])
+            if np.isnan(ref[on]).any() or pd.isna(m["reward"]):
                 continue
-            parts.append(kl_token_rewards(_floats([t["logprob"] for t in toks]), ref, float(m["reward"]), credit.beta))
+            lp[~on], ref[~on] = 0.0, 0.0  # a tool's tokens: not the policy's, no KL term
+            parts.append(kl_token_rewards(lp, ref, float(m["reward"]), credit.beta))
             ids.append(rid)
             gids.append(m["group_id"])
         if rollout_id not in ids:
             return TokenCredit(None, None, f"no reference log-probs from {credit.reference} for this rollout "
                                            "(score it in Compare policies)")
         adv = kl_in_reward(parts, np.array(gids))
-        return TokenCredit(adv[ids.index(rollout_id)], seq)
+        return TokenCredit(_untrained_zero(adv[ids.index(rollout_id)], masks.get(rollout_id)), seq)
+    if trained is None:
+        trained = _trained_of(store, [rollout_id]).get(rollout_id)
     if credit.estimator == "gae":
         v = _floats([t["value"] for t in scored.tokens.get(rollout_id, [])])  # the critic's values, in position order
         if len(v) != n or np.isnan(v).any() or pd.isna(row["reward"]):
             return TokenCredit(None, None,
                                f"no values from {credit.values} for this rollout (score it with the critic)")
         adv = gae(outcome_rewards(n, float(row["reward"])), v, credit.gamma, credit.lam)
-        return TokenCredit(adv, seq)
-    return TokenCredit(None if seq is None else np.full(n, seq), seq)
+        return TokenCredit(_untrained_zero(adv, trained), seq)
+    return TokenCredit(None if seq is None else _untrained_zero(np.full(n, seq), trained), seq)
+
+
+def _trained_of(store: Store, rollout_ids: list[str]) -> dict[str, np.ndarray]:
+    """The loss mask ([T] bool) of each rollout that has untrained tokens (the others: every token trained)."""
+    if not rollout_ids:
+        return {}
+    rows = store.df(f"""SELECT rollout_id, list(coalesce(trained, true) ORDER BY pos) AS trained
+                        FROM {store.tokens_between(min(rollout_ids), max(rollout_ids))}
+                        WHERE rollout_id BETWEEN ? AND ? AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
+                        GROUP BY rollout_id HAVING bool_or(NOT coalesce(trained, true))""",
+                    [min(rollout_ids), max(rollout_ids), list(rollout_ids)])
+    return {r: np.asarray(m, dtype=bool) for r, m in zip(rows["rollout_id"], rows["trained"], strict=True)}
+
+
+def _untrained_zero(values: np.ndarray, trained: np.ndarray | None) -> np.ndarray:
+    """``values`` with 0 on the tokens the loss does not see."""
+    if trained is None or len(trained) != len(values):
+        return values
+    return np.where(np.asarray(trained, dtype=bool), values, 0.0)
 
 
 def _floats(xs: list) -> np.ndarray:
@@ -179,7 +214,8 @@ def rollout_view(store: Store, rollout_id: str, credit: Credit, rule_version_id:
     toks = ahead.result()
     if ro is None:
         return None
-    tc = token_advantages(store, rollout_id, credit, rule_version_id, scored)
+    mask = toks["trained"].to_numpy(dtype=bool, na_value=True) if "trained" in toks else None
+    tc = token_advantages(store, rollout_id, credit, rule_version_id, scored, mask)
     return RolloutView(dict(ro), toks, tc, steps_of(store, rollout_id, seg, toks), scored)
 
 
@@ -243,6 +279,71 @@ def group_step_advantages(store: Store, rollout_id: str, source: str, seg: Segme
     adv = step_advantages([per[r]["value"].to_numpy(dtype=np.float64) for r in order])
     mine = per[rollout_id]
     return dict(zip(mine["step_idx"].astype(int), adv[order.index(rollout_id)].tolist(), strict=True))
+
+
+# ---------------------------------------------------------------------------- turn credit
+
+TURN_ADVANTAGE_COLUMNS = ["turn_idx", "role", "start_pos", "end_pos", "reward", "advantage"]
+
+
+def turn_advantages(store: Store, rollout_id: str, source: str, how: TurnCredit = TurnCredit(),  # noqa: B008  (a frozen dataclass)
+                    rule_version_id: str | None = None) -> pd.DataFrame:
+    """One rollout's turns with their reward from ``source`` and their advantage over its group.
+
+    ``source``: a ``turn_rewards`` source (a rule version's ``turn_reward``, an import's per-turn
+    scores, ``ig-<policy version>``). Each assistant turn's reward is normalised over the turn
+    rewards of every trajectory of the group that has some from the source, then discounted to go
+    (:func:`studio.signals.turns.turn_advantages`, settings ``how``); with ``how.tau`` set the
+    G-RA gate applies first, with each trajectory's outcome read under ``rule_version_id`` (its
+    newest reward when None). Returns :data:`TURN_ADVANTAGE_COLUMNS`, one row per turn in order:
+    ``reward`` NaN where the source has none, ``advantage`` 0 on the turns the policy did not
+    write (tool, user, system). Empty when the rollout has no reward from the source (a rollout
+    without stored turns is one assistant turn).
+    """
+    how.validate()
+    from studio.queries.turns import turn_rewards_of, turns_of
+
+    gid = _group_of(store, rollout_id)
+    rids = store.df("SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY rollout_id", [gid])["rollout_id"]
+    rewards = turn_rewards_of(store, rids.tolist(), [source])
+    have = set(rewards["rollout_id"])
+    if rollout_id not in have:
+        return pd.DataFrame(columns=TURN_ADVANTAGE_COLUMNS)
+    turns = turns_of(store, sorted(have))
+    value = {(r, int(k)): float(v) for r, k, v in zip(rewards["rollout_id"], rewards["turn_idx"], rewards["value"],
+                                                       strict=True) if v is not None and v == v}
+    per = {r: g.reset_index(drop=True) for r, g in turns.groupby("rollout_id", sort=True)}
+    acting = {r: g.index[g["role"] == "assistant"].to_numpy() for r, g in per.items()}
+    vals = {r: np.array([value.get((r, int(per[r]["turn_idx"][i])), np.nan) for i in acting[r]]) for r in per}
+    if how.tau is not None:
+        outcome = {m["rollout_id"]: m["reward"] for m in scored_group(store, rollout_id, rule_version_id).members}
+        vals = {r: gate_turns(v, outcome.get(r), how.tau) for r, v in vals.items()}
+    order = [r for r in per if np.isfinite(vals[r]).any()]
+    if rollout_id not in order:
+        return pd.DataFrame(columns=TURN_ADVANTAGE_COLUMNS)
+    adv = turn_credit([vals[r] for r in order], how.norm, how.gamma)[order.index(rollout_id)]
+    mine = per[rollout_id]
+    out = mine[["turn_idx", "role", "start_pos", "end_pos"]].copy()
+    out["reward"], out["advantage"] = np.nan, 0.0
+    out.loc[acting[rollout_id], "reward"] = vals[rollout_id]
+    out.loc[acting[rollout_id], "advantage"] = adv
+    return out.astype({"turn_idx": "int64", "reward": "float64", "advantage": "float64"})[TURN_ADVANTAGE_COLUMNS]
+
+
+def turn_token_advantages(turns: pd.DataFrame, n_tokens: int) -> np.ndarray:
+    """Per-token advantages of a trajectory from :func:`turn_advantages`' rows: every token of
+    assistant turn k gets A_k; the tokens of other turns (a tool's response: masked) get 0.
+
+    >>> t = pd.DataFrame({"role": ["assistant", "tool", "assistant"], "start_pos": [0, 2, 3],
+    ...                   "end_pos": [2, 3, 5], "advantage": [0.5, 0.0, -1.0]})
+    >>> turn_token_advantages(t, 5).tolist()
+    [0.5, 0.5, 0.0, -1.0, -1.0]
+    """
+    out = np.zeros(n_tokens)
+    for role, a, b, adv in zip(turns["role"], turns["start_pos"], turns["end_pos"], turns["advantage"], strict=True):
+        if role == "assistant" and not pd.isna(a) and not pd.isna(b):
+            out[int(a):int(b)] = adv
+    return out
 
 
 # ---------------------------------------------------------------------------- group diagnostics

@@ -1,0 +1,169 @@
+"""Credit over turns: turn advantages on literal cases, G-RA gating, per-token credit of a
+trajectory (tool tokens get none under every estimator), a rule's turn_reward stored and read
+back, information gain per turn against direct probabilities of the sample policy."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from backends import Generation, Turn
+from studio.queries import credit
+from studio.signals.advantages import Credit
+from studio.signals.steps import gated, step_advantages
+from studio.signals.turns import TurnCredit, discounted_to_go, gate_turns, normalise_turns, turn_advantages
+from studio.store import Store
+from studio.store.records import generation_rows, prompt_rows
+from studio.store.runs import start_run
+from studio.tasks import Prompt, get_task
+
+SOURCE = "import@0000000000"  # per-turn scores as an import stores them: under the import's version id
+
+
+# ---------------------------------------------------------------------------- pure functions
+
+def test_turn_advantages_on_literal_cases():
+    a, b = np.array([1.0, 0.0, 1.0]), np.array([0.0, 0.0])
+    # group: the five rewards 1,0,1,0,0 have mean 0.4 and sample std sqrt(0.3) = 0.5477;
+    # r̃ = 0.6/0.5478 = 1.0954 for a 1 and -0.4/0.5478 = -0.7302 for a 0
+    hi, lo = 0.6 / (np.sqrt(0.3) + 1e-4), -0.4 / (np.sqrt(0.3) + 1e-4)
+    ga, gb = normalise_turns([a, b], "group")
+    assert ga == pytest.approx([hi, lo, hi]) and gb == pytest.approx([lo, lo])
+    # summed to go (γ = 1): a -> (hi+lo+hi, lo+hi, hi); b -> (2 lo, lo)
+    sa, sb = turn_advantages([a, b], "group", 1.0)
+    assert sa == pytest.approx([2 * hi + lo, lo + hi, hi]) and sb == pytest.approx([2 * lo, lo])
+    # ... which is the step view's process-supervision advantage over the same rewards
+    assert np.concatenate([sa, sb]) == pytest.approx(np.concatenate(step_advantages([a, b])))
+    # discounted (γ = 0.5): A_0 = r̃_0 + 0.5 r̃_1 + 0.25 r̃_2
+    da, _ = turn_advantages([a, b], "group", 0.5)
+    assert da == pytest.approx([hi + 0.5 * lo + 0.25 * hi, lo + 0.5 * hi, hi])
+    # γ = 0: each turn alone
+    assert turn_advantages([a, b], "group", 0.0)[0] == pytest.approx(ga)
+    # per index: turn 0 is (1, 0) -> ±1/(0.7071+1e-4); turn 1 is (0, 0) -> 0; turn 2 has one trajectory -> 0
+    z = 0.5 / (np.sqrt(0.5) + 1e-4)
+    ia, ib = normalise_turns([a, b], "index")
+    assert ia == pytest.approx([z, 0.0, 0.0]) and ib == pytest.approx([-z, 0.0])
+    # none: raw rewards, summed to go
+    assert turn_advantages([a, b], "none")[0].tolist() == [2.0, 1.0, 1.0]
+    # a turn without a reward is left out of the statistics and gets r̃ = 0: (1, ·) vs (0, 0) as above
+    na, nb = normalise_turns([np.array([1.0, np.nan]), np.array([0.0, 0.0])], "group")
+    m, s = 1 / 3, np.std([1.0, 0.0, 0.0], ddof=1)
+    assert na == pytest.approx([(1 - m) / (s + 1e-4), 0.0]) and nb == pytest.approx([-m / (s + 1e-4)] * 2)
+    # all-equal rewards: no signal
+    assert [x.tolist() for x in turn_advantages([np.ones(2), np.ones(3)])] == [[0.0, 0.0], [0.0, 0.0, 0.0]]
+    assert discounted_to_go([1.0, 1.0, 1.0], 0.9).tolist() == pytest.approx([2.71, 1.9, 1.0])
+    with pytest.raises(ValueError, match="unknown turn normalisation"):
+        TurnCredit(norm="batch").validate()
+    with pytest.raises(ValueError, match="γ must be within"):
+        TurnCredit(gamma=1.5).validate()
+
+
+def test_gated_reward_accumulation_over_turns():
+    # outcome 1 reaches τ = 1: turn rewards kept, the outcome on the last turn: R = 1 + 0.2 + 0.3
+    kept = gate_turns([0.2, 0.3], 1.0, tau=1.0)
+    assert kept.tolist() == pytest.approx([0.2, 1.3]) and kept.sum() == pytest.approx(gated(1.0, [0.2, 0.3], 1.0))
+    # outcome 0 misses τ: the turn rewards cannot be farmed by a failing trajectory, R = 0
+    assert gate_turns([0.2, 0.3], 0.0, tau=1.0).tolist() == [0.0, 0.0] == [gated(0.0, [0.2, 0.3], 1.0)] * 2
+    # a lower gate lets a partial outcome through: R = 0.5 + 0.2 + 0.3
+    assert gate_turns([0.2, 0.3], 0.5, tau=0.5).sum() == pytest.approx(1.0)
+    # an unscored trajectory has no credit to give
+    assert np.isnan(gate_turns([0.2], None, tau=1.0)).all()
+    # gated then normalised: the failing trajectory's tool-call bonuses no longer lift it above the winner
+    win, lose = gate_turns([0.0, 0.0], 1.0, 1.0), gate_turns([1.0, 1.0], 0.0, 1.0)
+    aw, al = turn_advantages([win, lose])
+    assert aw[0] > 0 > al[0]
+
+
+# ---------------------------------------------------------------------------- in the store
+
+def _trajectory(i: int, call_ok: bool = True) -> Generation:
+    """turn 0: the policy calls a tool (3 tokens); turn 1: the tool's response (2 tokens, masked);
+    turn 2: the answer (2 tokens)."""
+    T = 7
+    mask = np.array([1, 1, 1, 0, 0, 1, 1], dtype=bool)
+    lp = np.where(mask, -0.5, np.nan).astype(np.float32)
+    return Generation(
+        prompt_index=0, sample_idx=i, prompt="2+2=", text="<call>2+2</call><resp>4A:4", token_ids=np.arange(T),
+        token_texts=["<call>", "2+2", "</call>", "<resp>", "4", "A:", "4"], logprobs=lp, entropies=-lp,
+        topk_ids=np.where(mask[:, None], 1, -1).repeat(2, 1),
+        topk_logprobs=np.where(mask[:, None], -1.0, np.nan).repeat(2, 1), finish_reason="stop", loss_mask=mask,
+        turns=[Turn("assistant", 0, 3, "<call>2+2</call>", tool_name="calc", tool_args='{"x": "2+2"}'),
+               Turn("tool", 3, 5, "<resp>4", tool_name="calc", error=None if call_ok else "boom"),
+               Turn("assistant", 5, 7, "A:4")])
+
+
+@pytest.fixture
+def trajectories():
+    """A store with one group of three trajectories of '2+2=' and per-turn scores as an import stores
+    them (turn 0 and turn 2 of each; turn 1 is the tool's)."""
+    store = Store.open()
+    task, prompts = get_task("arithmetic"), [Prompt("2+2=", {"answer": 4})]
+    store.write({"prompts": prompt_rows(task, prompts)})
+    run_id = start_run(store, "generate", "trajectories", "policy", "arithmetic", {})
+    rows = generation_rows(run_id, task, prompts, [_trajectory(i) for i in range(3)])
+    store.write(rows.frames())
+    rids = rows.rollouts["rollout_id"].tolist()
+    scores = {rids[0]: (1.0, 1.0), rids[1]: (0.0, 1.0), rids[2]: (0.0, 0.0)}
+    store.write({"turn_rewards": pd.DataFrame(
+        [(r, k, SOURCE, v) for r, (v0, v2) in scores.items() for k, v in ((0, v0), (2, v2))],
+        columns=["rollout_id", "turn_idx", "source", "value"])})
+    return store, rids
+
+
+def test_turn_advantages_over_the_rollout_s_group(trajectories):
+    store, rids = trajectories
+    t = credit.turn_advantages(store, rids[1], SOURCE)
+    assert t["turn_idx"].tolist() == [0, 1, 2] and t["role"].tolist() == ["assistant", "tool", "assistant"]
+    # rewards of the group: (1, 1), (0, 1), (0, 0): mean 0.5, sample std sqrt(0.3); r̃ = ±0.5/0.5478
+    r = 0.5 / (np.sqrt(0.3) + 1e-4)
+    assert t["reward"].tolist()[0::2] == [0.0, 1.0] and np.isnan(t["reward"][1])
+    # rollout 1: r̃ = (-r, +r), summed to go: (0, r); the tool turn gets no credit
+    assert t["advantage"].tolist() == pytest.approx([0.0, 0.0, r])
+    # per index: turn 0 is (1, 0, 0) -> mean 1/3, std 0.5774; turn 2 is (1, 1, 0) -> mean 2/3
+    s = np.std([1.0, 0.0, 0.0], ddof=1) + 1e-4
+    t = credit.turn_advantages(store, rids[1], SOURCE, TurnCredit("index", gamma=0.0))
+    assert t["advantage"].tolist() == pytest.approx([-1 / 3 / s, 0.0, 1 / 3 / s])
+    # every token of assistant turn k gets A_k, the tool's tokens 0
+    tok = credit.turn_token_advantages(t, 7)
+    assert tok.tolist() == pytest.approx([-1 / 3 / s] * 3 + [0.0, 0.0] + [1 / 3 / s] * 2)
+    # another source has nothing for it
+    assert credit.turn_advantages(store, rids[1], "other@1").empty
+
+
+def test_gated_turn_advantages_read_each_trajectory_s_outcome(trajectories):
+    store, rids = trajectories
+    # outcomes (a rule version): only rollout 0 reaches τ = 1
+    store.write({"rule_versions": pd.DataFrame([{"rule_version_id": "out@1", "name": "out", "source": "",
+                                                 "sha256": "", "created_at": pd.Timestamp("2026-01-01"),
+                                                 "note": ""}]),
+                 "rewards": pd.DataFrame([(r, "out@1", "total", v, None) for r, v in zip(rids, (1.0, 0.5, 0.0),
+                                                                                         strict=True)],
+                                         columns=["rollout_id", "rule_version_id", "component", "value", "error"])})
+    how = TurnCredit("none", gamma=1.0, tau=1.0)
+    # rollout 0: turn rewards kept, outcome on the last turn: (1, 1 + 1); summed to go (3, 2)
+    assert credit.turn_advantages(store, rids[0], SOURCE, how, "out@1")["advantage"].tolist() == [3.0, 0.0, 2.0]
+    # rollout 1 misses τ: its turn reward of 1 does not count, only its outcome 0.5 on the last turn
+    assert credit.turn_advantages(store, rids[1], SOURCE, how, "out@1")["reward"].tolist()[0::2] == [0.0, 0.5]
+
+
+def test_tool_tokens_get_no_credit_under_any_estimator(trajectories):
+    store, rids = trajectories
+    store.write({"rule_versions": pd.DataFrame([{"rule_version_id": "out@1", "name": "out", "source": "",
+                                                 "sha256": "", "created_at": pd.Timestamp("2026-01-01"),
+                                                 "note": ""}]),
+                 "rewards": pd.DataFrame([(r, "out@1", "total", v, None) for r, v in zip(rids, (1.0, 0.0, 0.0),
+                                                                                         strict=True)],
+                                         columns=["rollout_id", "rule_version_id", "component", "value", "error"])})
+    # a reference policy's and a critic's per-token scores, every position (tool tokens included)
+    store.write({"token_scores": pd.DataFrame(
+        [(r, p, v, -0.7, None, None) for r in rids for p in range(7) for v in ("ref@1",)]
+        + [(r, p, "value-c@1", None, None, 0.25) for r in rids for p in range(7)],
+        columns=["rollout_id", "pos", "policy_version", "logprob", "entropy", "value"])})
+    for est in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "kl", "gae"):
+        c = Credit(est, reference="ref@1", values="value-c@1")
+        tc = credit.token_advantages(store, rids[0], c, "out@1")
+        assert tc.values is not None, (est, tc.note)
+        assert tc.values[3:5].tolist() == [0.0, 0.0], est  # the tool's response
+        assert (tc.values[[0, 1, 2, 5, 6]] != 0).all(), est
+        view = credit.rollout_view(store, rids[0], c, "out@1")
+        assert view.credit.values[3:5].tolist() == [0.0, 0.0], est
