@@ -407,6 +407,20 @@ class Policy:
         """See :func:`branch_batch`."""
         return branch_batch(self.model, self.tokenizer, prompt, prefix_ids, choices, **kwargs)
 
+    def sample_agent(self, prompts: list[str], env, **kwargs) -> list[Generation]:
+        """See ``backends.agent.sample_agent``: agent trajectories, tools answered by ``env``."""
+        from .agent import sample_agent
+
+        return sample_agent(self.model, self.tokenizer, prompts, env, **kwargs)
+
+    def branch_agent(self, prompt: str, prefix_ids: list[int], prefix_mask: list[bool] | None, prefix_turns,
+                     choices: list[int | None], env, **kwargs) -> list[Generation]:
+        """See ``backends.agent.branch_agent``: continue an agent trajectory from a fork."""
+        from .agent import branch_agent
+
+        return branch_agent(self.model, self.tokenizer, prompt, prefix_ids, prefix_mask, prefix_turns, choices, env,
+                            **kwargs)
+
     def score(self, prompts: list[str], completions: list[str | list[int]], **kwargs) -> list[Generation]:
         """See :func:`score_batch`."""
         return score_batch(self.model, self.tokenizer, prompts, completions, **kwargs)
