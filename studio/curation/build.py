@@ -8,6 +8,12 @@ one reward version, and stores the new pairs with one ``pair_builds`` row.
   position plus that rollout itself (:mod:`studio.queries.forks`). The pair keeps their longest
   common token prefix as ``prefix`` and the two continuations after it: exported, the
   prompt is the prompt plus that prefix (a step-level pair).
+- ``level="turn"``: the sets are fork siblings and groups (agent trajectories; a rollout without
+  turns is one assistant turn). A pair is two members that share their turns up to turn k and
+  differ from it on, both with an assistant turn at k; it keeps the shared turns' text as
+  ``prefix`` and where turn k starts as ``prefix_tokens``. Exported conversational, the prompt is
+  the prompt's messages plus the shared turns' (tool calls and tool messages included) and each
+  side is its turns from k on (a turn-level pair).
 
 Within a set the rule (:class:`~studio.curation.rules.PairRule`) picks pairs:
 ``best_vs_worst`` (the pair with the largest reward margin), ``correct_vs_incorrect`` (every
@@ -106,25 +112,29 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
     cc = ("LEFT JOIN rewards cc ON cc.rollout_id = ro.rollout_id AND cc.rule_version_id = ? "
           "AND cc.component = ?") if by_component else ""
     cval = ", cc.value AS cval" if by_component else ", ro.correct::DOUBLE AS cval" if correct else ""
-    step = rule.level == "step"
-    if not step:  # sets are groups (or prompts); branches start with a forced prefix and are left out
+    step, turn = rule.level == "step", rule.level == "turn"
+    if rule.level == "completion":  # sets are groups (or prompts); branches start with a forced prefix, left out
         ctes = []
         source = f"""FROM rollouts ro
             JOIN rewards tot ON tot.rollout_id = ro.rollout_id AND tot.rule_version_id = ? AND tot.component = 'total'
             {cc}
             WHERE ro.parent_rollout_id IS NULL AND {cond} AND tot.value IS NOT NULL"""
         set_key = f"ro.{'group_id' if rule.within == 'group' else 'prompt_id'}"
-    else:  # a fork: its parent and the branches taken at one position of it
+    else:  # a fork: its parent and the branches taken at one position of it (turn level: groups too)
+        groups = f"""
+            UNION ALL
+            SELECT ro.rollout_id, 'group:' || ro.{'group_id' if rule.within == 'group' else 'prompt_id'}
+            FROM rollouts ro WHERE ro.parent_rollout_id IS NULL AND {cond}""" if turn else ""
         ctes = [f"""forks AS (
             SELECT DISTINCT b.parent_rollout_id AS parent, b.fork_pos
             FROM rollouts b WHERE b.parent_rollout_id IS NOT NULL AND (
                 b.rollout_id IN (SELECT ro.rollout_id FROM rollouts ro WHERE {cond})
                 OR b.parent_rollout_id IN (SELECT ro.rollout_id FROM rollouts ro WHERE {cond})))""",
-                """members AS (
+                f"""members AS (
             SELECT b.rollout_id, f.parent || '@' || f.fork_pos AS set_key
             FROM forks f JOIN rollouts b ON b.parent_rollout_id = f.parent AND b.fork_pos = f.fork_pos
             UNION ALL
-            SELECT f.parent, f.parent || '@' || f.fork_pos FROM forks f)"""]
+            SELECT f.parent, f.parent || '@' || f.fork_pos FROM forks f{groups})"""]
         source = f"""FROM members m JOIN rollouts ro USING (rollout_id)
             JOIN rewards tot ON tot.rollout_id = ro.rollout_id AND tot.rule_version_id = ? AND tot.component = 'total'
             {cc}
@@ -136,7 +146,7 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
     ctes.append(f"""sc AS (
             SELECT {set_key} AS set_key, ro.rollout_id, ro.prompt_id, ro.n_tokens, hash(ro.text) AS th,
                    ro.created_at AS made,
-                   tot.value AS reward{cval}{', ro.text' if step else ''}
+                   tot.value AS reward{cval}{'' if rule.level == 'completion' else ', ro.text'}
             {source})""")
     if rule.dedupe:  # identical completions of one set count once: the first made stands for them (at a fork:
         # the rollout the branches continue, before a branch that repeats it), then the smallest id
@@ -144,7 +154,7 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
                             QUALIFY row_number() OVER (PARTITION BY set_key, th ORDER BY made, rollout_id) = 1)""")
     else:
         ctes.append("u AS (SELECT * FROM sc)")
-    texts = ", a.text AS ctext, b.text AS rtext" if step else ""
+    texts = "" if rule.level == "completion" else ", a.text AS ctext, b.text AS rtext"
     ctes.append(f"""cand AS (
             SELECT a.set_key, a.prompt_id, a.rollout_id AS chosen, b.rollout_id AS rejected,
                    a.reward AS chosen_reward, b.reward AS rejected_reward, a.reward - b.reward AS margin,
@@ -170,6 +180,8 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
             SELECT c.*, p.prefix, p.k AS prefix_tokens, c.cn - p.k AS clen, c.rn - p.k AS rlen
             FROM cand c JOIN pre p USING (chosen, rejected)
             WHERE starts_with(c.ctext, p.prefix) AND starts_with(c.rtext, p.prefix))""")
+    elif turn:
+        ctes += _turn_ctes()
     else:
         ctes.append("""shaped AS (
             SELECT c.*, NULL::VARCHAR AS prefix, NULL::INTEGER AS prefix_tokens, c.cn AS clen, c.rn AS rlen
@@ -202,7 +214,7 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
         ctes.append(f"""capped AS (
             SELECT * FROM {picked} QUALIFY row_number() OVER (PARTITION BY prompt_id ORDER BY {order}) <= ?)""")
         picked = "capped"
-    kind = "'completion'" if rule.level == "completion" else "'step'"
+    kind = f"'{rule.level}'"
     return "WITH " + ",\n".join(c.strip() for c in ctes) + f"""
         SELECT 'pr' || substr(md5({kind} || ':' || chosen || ':' || rejected), 1, 16) AS pair_id,
                prompt_id, chosen AS chosen_rollout_id, rejected AS rejected_rollout_id, {kind} AS kind,
@@ -210,13 +222,54 @@ def _pairs_sql(rule: PairRule, cond: str) -> str:
         FROM {picked}"""
 
 
+def _turn_ctes() -> list[str]:
+    """The turn level's part of :func:`_pairs_sql`: each candidate pair's first differing turn k (a
+    rollout without turn rows is one assistant turn), kept when both sides have an assistant turn
+    there; the prefix is the text of the turns before k, ``prefix_tokens`` where turn k starts."""
+    same = " AND ".join(f"a.{c} IS NOT DISTINCT FROM b.{c}" for c in ("role", "content", "tool_name", "tool_args",
+                                                                       "error"))
+    return [
+        """tr AS (
+            SELECT rollout_id, turn_idx, role, start_pos, content, tool_name, tool_args, error FROM turns
+            WHERE rollout_id IN (SELECT chosen FROM cand UNION SELECT rejected FROM cand)
+            UNION ALL
+            SELECT r.rollout_id, 0, 'assistant', 0, r.text, NULL, NULL, NULL FROM rollouts r
+            WHERE r.rollout_id IN (SELECT chosen FROM cand UNION SELECT rejected FROM cand)
+              AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.rollout_id = r.rollout_id))""",
+        f"""diff AS (
+            SELECT c.chosen, c.rejected, a.turn_idx FROM cand c JOIN tr a ON a.rollout_id = c.chosen
+            LEFT JOIN tr b ON b.rollout_id = c.rejected AND b.turn_idx = a.turn_idx
+            WHERE b.rollout_id IS NULL OR NOT ({same})
+            UNION ALL
+            SELECT c.chosen, c.rejected, b.turn_idx FROM cand c JOIN tr b ON b.rollout_id = c.rejected
+            LEFT JOIN tr a ON a.rollout_id = c.chosen AND a.turn_idx = b.turn_idx
+            WHERE a.rollout_id IS NULL)""",
+        """at_k AS (
+            SELECT d.chosen, d.rejected, d.k, a.role AS c_role, a.start_pos AS c_start, b.role AS r_role,
+                   b.start_pos AS r_start
+            FROM (SELECT chosen, rejected, min(turn_idx) AS k FROM diff GROUP BY chosen, rejected) d
+            LEFT JOIN tr a ON a.rollout_id = d.chosen AND a.turn_idx = d.k
+            LEFT JOIN tr b ON b.rollout_id = d.rejected AND b.turn_idx = d.k)""",
+        """pre AS (
+            SELECT x.chosen, x.rejected, any_value(x.c_start) AS c_start, any_value(x.r_start) AS r_start,
+                   coalesce(string_agg(t.content, '' ORDER BY t.turn_idx), '') AS prefix
+            FROM at_k x LEFT JOIN tr t ON t.rollout_id = x.chosen AND t.turn_idx < x.k
+            WHERE x.c_role = 'assistant' AND x.r_role = 'assistant'
+            GROUP BY x.chosen, x.rejected)""",
+        """shaped AS (
+            SELECT c.*, p.prefix, p.c_start AS prefix_tokens, c.cn - coalesce(p.c_start, 0) AS clen,
+                   c.rn - coalesce(p.r_start, 0) AS rlen
+            FROM cand c JOIN pre p USING (chosen, rejected)
+            WHERE starts_with(c.ctext, p.prefix) AND starts_with(c.rtext, p.prefix))"""]
+
+
 def _pair_params(rule: PairRule, vid: str, scope_params: list) -> list:
     """The bound values of :func:`_pairs_sql`, in the order they appear in its text."""
     correct = rule.name == "correct_vs_incorrect"
     by_component = correct and rule.correct_component != ROLLOUT_CORRECT
     rewards = [vid] + ([vid, rule.correct_component] if by_component else [])  # the total, and the correct component
-    if rule.level == "step":  # forks (the scope twice), then the rewards of their members
-        params = list(scope_params) * 2 + rewards
+    if rule.level != "completion":  # forks (the scope twice; turn level: groups, a third time), then the rewards
+        params = list(scope_params) * (2 if rule.level == "step" else 3) + rewards
     else:  # the rewards joined, then the scope in the WHERE clause
         params = rewards + list(scope_params)
     if correct:

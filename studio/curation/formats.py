@@ -114,11 +114,14 @@ def _prompts(cur, style: str) -> pa.Table:
                      "messages": pa.array(msgs, MESSAGES)})
 
 
-def _texts_sql(style: str = "standard") -> str:
+def _texts_sql(style: str = "standard", trajectories: bool = False) -> str:
     """prompt / chosen / rejected of the registered ``_sel`` pairs and ``_prompts``: standard,
     strings (the prefix ends the prompt); conversational, the prompt's messages and the
-    assistant's text (the prefix starts it). An end-of-turn marker ending a side is cut: the
-    trainer closes the turn (the template, or its EOS token)."""
+    assistant's text (the prefix starts it), or with ``trajectories`` the message lists of the
+    registered ``_conv`` (:func:`studio.curation.trajectories.trajectory_texts`). An end-of-turn
+    marker ending a side is cut: the trainer closes the turn (the template, or its EOS token)."""
+    if trajectories:
+        return "SELECT pair_id, prompt, chosen, rejected FROM _conv"
     conv = style == "conversational"
     side = f"regexp_replace({'s.prefix || ' if conv else ''}s.{{0}}, '{_TURN_END}', '') AS {{0}}"
     prompt = "pp.messages" if conv else "pp.text || s.prefix"
@@ -131,18 +134,20 @@ def _msg(role: str, col: str) -> str:
 
 
 def _rows_sql(fmt: str, style: str, opts: dict) -> tuple[str, list]:
-    """The exported rows of the registered ``_sel`` pairs (and ``_prompts``), in TRL's columns."""
-    conv = style == "conversational"
+    """The exported rows of the registered ``_sel`` pairs (and ``_prompts``; ``_conv`` when
+    ``opts["trajectories"]``), in TRL's columns."""
+    traj = bool(opts.get("trajectories"))
+    conv = style == "conversational" and not traj  # a trajectory's sides are message lists already
     if fmt == "preference":
         cols = (f"prompt, {_msg('assistant', 'chosen')} AS chosen, {_msg('assistant', 'rejected')} AS rejected"
                 if conv else "prompt, chosen, rejected")
-        return f"SELECT {cols} FROM ({_texts_sql(style)}) ORDER BY pair_id", []
+        return f"SELECT {cols} FROM ({_texts_sql(style, traj)}) ORDER BY pair_id", []
     if fmt == "unpaired":
         # every side once; a completion both chosen and rejected has no clear label: left out by default
         keep = "" if opts.get("conflicts") == "keep" else "QUALIFY count(*) OVER (PARTITION BY prompt, completion) = 1"
         cols = f"prompt, {_msg('assistant', 'completion')} AS completion, label" if conv else "prompt, completion, label"
         return f"""
-            WITH t AS ({_texts_sql(style)}),
+            WITH t AS ({_texts_sql(style, traj)}),
             sides AS (SELECT prompt, chosen AS completion, true AS label, pair_id FROM t
                       UNION ALL SELECT prompt, rejected, false, pair_id FROM t),
             once AS (SELECT prompt, completion, label, min(pair_id) AS first FROM sides

@@ -5,7 +5,8 @@ carries (``RULES``, ``LEVELS``, ``STATUSES``).
 The rules themselves run in :mod:`studio.curation.build`: ``best_vs_worst`` (the pair with
 the largest reward margin in a set), ``correct_vs_incorrect`` (every correct × incorrect pair)
 or ``all_pairs`` (every pair whose rewards differ), at the ``completion`` level (sets are
-groups) or the ``step`` level (sets are fork siblings).
+groups), the ``step`` level (sets are fork siblings) or the ``turn`` level (sets are fork siblings
+and groups; a pair is two trajectories that share their turns up to one and differ from it on).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from studio.configs import problems, setting
 from studio.curation.errors import CurationError
 
 RULES = ("best_vs_worst", "correct_vs_incorrect", "all_pairs")
-LEVELS = ("completion", "step")
+LEVELS = ("completion", "step", "turn")  # the levels of a rule, which are the kinds of its pairs
 STATUSES = ("pending", "accepted", "rejected")
 
 
@@ -33,7 +34,9 @@ class PairRule:
                         "correct × incorrect pair; all_pairs: every pair whose rewards differ", choices=RULES,
                         flag="--rule", label="pair rule")
     level: str = setting("completion", "completion: sets are groups of sampled completions; step: sets are fork "
-                         "siblings (same prefix, different continuation)", choices=LEVELS)
+                         "siblings (same prefix, different continuation); turn: fork siblings and group members "
+                         "(agent trajectories) that share their turns up to one and differ from it on",
+                         choices=LEVELS)
     min_margin: float | None = setting(None, "keep pairs whose chosen reward exceeds the rejected one by at least "
                                        "this (default: any positive margin; correct_vs_incorrect: no limit)", 0.0,
                                        label="min margin")

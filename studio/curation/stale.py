@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from studio.curation.errors import CurationError
-from studio.curation.rules import STATUSES
+from studio.curation.rules import LEVELS, STATUSES
 from studio.store import Store
 
 
@@ -73,8 +73,8 @@ def _where(status: str | None = None, build_id: str | None = None, kind: str | N
         conds.append("build_id = ?")
         params.append(build_id)
     if kind is not None:
-        if kind not in ("completion", "step"):
-            raise CurationError(f"kind must be 'completion' or 'step', got {kind!r}")
+        if kind not in LEVELS:
+            raise CurationError(f"kind must be one of {', '.join(LEVELS)}, got {kind!r}")
         conds.append("kind = ?")
         params.append(kind)
     if pair_ids is not None:

@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 from studio.curation.errors import CurationError, NothingToExport, StalePairsError
 from studio.curation.formats import FORMATS, STYLES, _prompts, _rows_sql, _selection_sql, _step_source, _texts_sql
 from studio.curation.provenance import _provenance, _write_sidecar, sidecar_of
+from studio.curation.rules import LEVELS
+from studio.curation.trajectories import has_trajectories, trajectory_texts
 from studio.store import Store
 from studio.store.files import sha256_of
 from studio.store.records import new_id, now
@@ -131,8 +133,8 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
     if conflicts not in ("drop", "keep"):
         raise CurationError(f"conflicts must be 'drop' or 'keep', got {conflicts!r}")
     kinds = list(kinds) if kinds is not None else None
-    if kinds is not None and (not kinds or set(kinds) - {"completion", "step"}):
-        raise CurationError(f"kinds must be some of completion, step; got {kinds}")
+    if kinds is not None and (not kinds or set(kinds) - set(LEVELS)):
+        raise CurationError(f"kinds must be some of {', '.join(LEVELS)}; got {kinds}")
     requested = Path(path).expanduser() if _download is None else None
     ftype = filetype_of(requested if requested is not None else _download, filetype)
     if ftype == "datasets":
@@ -182,8 +184,15 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
         cur.register("_sel", sel)
         cur.register("_prompts", _prompts(cur, style))
         opts = {"conflicts": conflicts, "step_threshold": step_threshold, "answer_step": answer_step,
-                "correct_component": correct_component, "correct_threshold": correct_threshold}
+                "correct_component": correct_component, "correct_threshold": correct_threshold,
+                "trajectories": style == "conversational" and has_trajectories(cur)}
         extra: dict[str, Any] = {}
+        if opts["trajectories"]:  # tool calls and tool messages, as TRL's conversational tool-calling format has them
+            conv, as_text = trajectory_texts(cur)
+            cur.register("_conv", conv)
+            extra["trajectories"] = {"messages": "assistant tool_calls (type function, name, arguments) and tool "
+                                                 "messages (name, content)",
+                                     "arguments": "JSON text" if as_text else "objects"}
         if format == "stepwise":
             opts["step_source"] = _step_source(cur, step_source)
             extra["step_labels"] = {"source": opts["step_source"], "label": f"step reward > {step_threshold}",
@@ -191,7 +200,7 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
                                                     f"{correct_threshold}") if answer_step else None}
         if format == "unpaired":
             extra["unpaired"] = {"conflicts": conflicts, "conflicting_completions": int(cur.execute(
-                f"""WITH t AS ({_texts_sql(style)}) SELECT count(*) FROM (SELECT prompt, chosen AS c FROM t
+                f"""WITH t AS ({_texts_sql(style, opts["trajectories"])}) SELECT count(*) FROM (SELECT prompt, chosen AS c FROM t
                     INTERSECT SELECT prompt, rejected FROM t)""").fetchall()[0][0])}
         rows_sql, rows_params = _rows_sql(format, style, opts)
         export_id = new_id("x")

@@ -8,6 +8,7 @@ from studio.configs import add_arguments, from_arguments
 from studio.curation import (
     FILETYPES,
     FORMATS,
+    LEVELS,
     STYLES,
     PairRule,
     build_pairs,
@@ -31,7 +32,7 @@ def add_export_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("--overwrite", action="store_true", help="replace --out if it exists (default: write name-2…)")
     e.add_argument("--skip-stale", action="store_true", help="leave stale pairs out instead of refusing")
     e.add_argument("--build", default=None, help="only pairs of this build")
-    e.add_argument("--kind", action="append", choices=("completion", "step"), default=None,
+    e.add_argument("--kind", action="append", choices=LEVELS, default=None,
                    help="only pairs of this kind (repeatable)")
     e.add_argument("--step-source", default=None, help="stepwise: the step-reward source that labels steps")
     e.add_argument("--step-threshold", type=float, default=0.5, help="stepwise: a step is good when its reward > this")
