@@ -40,7 +40,9 @@ from .base.style import CSS, banner, esc
 
 LABELS = {"reward_mean": "reward (mean)", "accuracy": "accuracy", "entropy": "entropy (nats/token)",
           "kl": "KL to reference", "clip_frac": "clipped share", "completion_len": "completion length",
-          "all_equal_share": "all-equal groups", "grad_norm": "grad norm", "step_s": "seconds per step"}
+          "all_equal_share": "all-equal groups", "grad_norm": "grad norm", "step_s": "seconds per step",
+          "agent/turns": "turns per trajectory", "agent/tool_calls": "tool calls per trajectory",
+          "agent/tool_errors": "failed tool calls per trajectory"}
 RUN_CSS = """
 table.diff { border-collapse:collapse; width:100%; font-size:12px; font-variant-numeric:tabular-nums; }
 table.diff th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
@@ -52,7 +54,9 @@ table.diff td.run { font-weight:600; }
 .scroll-x { overflow-x:auto; max-width:100%; }
 """
 SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
-         "all_equal_share": "all-equal", "step_s": "s / step"}
+         "all_equal_share": "all-equal", "step_s": "s / step", "agent/turns": "turns",
+         "agent/tool_calls": "tool calls", "agent/tool_errors": "tool fails"}
+PLOT_H = 180  # one curve's height; the curves pane grows by a row of three
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
 
 
@@ -161,8 +165,8 @@ class MiniRunPanel(LazyView):
         self._eval_out = pn.pane.HTML("", stylesheets=[CSS, RUN_CSS], sizing_mode="stretch_width", css_classes=["eval-result"])
         grid = [self._inputs[n] for n in ("estimator", "group_size", "prompts_per_step", "steps", "learning_rate",
                                           "clip_eps", "kl_beta", "entropy_q", "temperature", "max_new_tokens",
-                                          "iterations", "loss_type", "n_prompts", "seed", "checkpoint_every",
-                                          "lora_r")]
+                                          "max_turns", "iterations", "loss_type", "n_prompts", "seed",
+                                          "checkpoint_every", "lora_r")]
         form = pn.Column(
             self._inputs["policy"], pn.Row(self._task, self._inputs["prompt_set"]), self._inputs["lora"],
             self._inputs["rule_version"],
@@ -404,13 +408,15 @@ class MiniRunPanel(LazyView):
             if not layers:
                 continue
             # no legend inside the plots (it covered the curves): the runs' colours are named above them
-            ov = hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="", height=180,
+            ov = hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="", height=PLOT_H,
                                                  show_legend=False, tools=["hover", "tap"], **step_ticks()))
             plots.append(ov)
         # every run picked, one that has no step yet included: its curves start here
         picked = {rid: label.rsplit(" · ", 1)[0] for label, rid in self._run_ids.items()}
         self._legend.object = legend_html([(picked.get(r, names.get(r, r)), r, colors[r]) for r in ids])
         layout = hv.Layout(plots).cols(3).opts(shared_axes=False)
+        # an agent run adds a row (turns, tool calls, failed calls per trajectory): the pane holds every row
+        self._curves.height = (PLOT_H + 6) * -(-len(plots) // 3) + 2  # 560 for the three rows of a plain run
         watched = self.watched_id()
         tap = hv.streams.Tap(source=plots[0], x=None)
         tap.add_subscriber(lambda x, y: self.open_step(watched, int(round(x))) if x is not None and x >= 1 else None)

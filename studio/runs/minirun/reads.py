@@ -15,8 +15,9 @@ import pandas as pd
 
 from studio.store import Store
 
+AGENT_METRICS = ("agent/turns", "agent/tool_calls", "agent/tool_errors")  # per trajectory, means over a step
 CURVES = ("reward_mean", "accuracy", "entropy", "kl", "clip_frac", "completion_len", "all_equal_share",
-          "grad_norm", "step_s")  # the metrics the mini-run view draws as curves
+          "grad_norm", "step_s", *AGENT_METRICS)  # the metrics the mini-run view draws as curves (those a run has)
 
 
 def metrics(store: Store, run_ids: list[str]) -> pd.DataFrame:
@@ -27,7 +28,7 @@ def metrics(store: Store, run_ids: list[str]) -> pd.DataFrame:
                     [run_ids])
 
 
-SUMMARY = ("reward_mean", "accuracy", "entropy", "kl", "completion_len", "all_equal_share", "step_s")
+SUMMARY = ("reward_mean", "accuracy", "entropy", "kl", "completion_len", "all_equal_share", "step_s", *AGENT_METRICS)
 
 
 def summary(store: Store, run_ids: list[str], last: int = 5) -> pd.DataFrame:

@@ -48,7 +48,9 @@ class MiniRunConfig:
     entropy_q: float = setting(1.0, "train on the top q of tokens by entropy (TRL top_entropy_quantile; 1 = all)",
                           0.01, 1.0)
     temperature: float = setting(1.0, "sampling temperature", 0.1, 5.0)
-    max_new_tokens: int = setting(40, "longest completion, tokens", 1, 4096)
+    max_new_tokens: int = setting(40, "longest completion, tokens (an agent trajectory's, tool responses included)",
+                                  1, 4096)
+    max_turns: int = setting(6, "agent tasks: tool calls a trajectory may make (a call past them ends it)", 1, 64)
     iterations: int = setting(1, "optimiser updates per batch (μ; > 1 makes the clip matter)", 1, 16)
     loss_type: str = setting("grpo", "how token losses average: grpo (per completion), bnpo (per token), dr_grpo",
                         choices=("grpo", "bnpo", "dr_grpo"))

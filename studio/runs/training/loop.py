@@ -25,6 +25,7 @@ import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
 from studio.runs.training.reward import RewardFn
+from studio.runs.training.rollouts import agent_metrics, environment, is_agent, step_groups
 from studio.runs.training.sampler import OverlappedSampler
 from studio.signals import advantages as adv_mod
 from studio.workers.processes import exit_with_parent
@@ -120,10 +121,11 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     if overlap:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the threads left to models, split with the sampler
         sampler = OverlappedSampler(model, resume_from or policy_path, cfg, [{"text": inputs[p.text]} for p in prompts],
-                                   order, start_step)
+                                   order, start_step, task.spec)
     try:
-        step, last_ckpt = _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt,
-                                 reward_fn, task, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
+        with environment(task if sampler is None else None) as env:  # the agent loop's tools (the sampler has its own)
+            step, last_ckpt = _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt,
+                                     reward_fn, task, env, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
     finally:
         if sampler is not None:
             sampler.close()  # before the run is reported ended: nothing of it runs on after
@@ -135,10 +137,11 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     queue.put({"type": "done", "status": "done", "step": step})
 
 
-def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt, reward_fn, task, pad, device,
-           sampler, queue, stop, ckpt_dir, last_ckpt):
+def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt, reward_fn, task, env, pad,
+           device, sampler, queue, stop, ckpt_dir, last_ckpt):
     """The training loop; returns (last step, last checkpoint), or (None, …) when stopped. ``inputs``: the
-    text the policy reads for each prompt text."""
+    text the policy reads for each prompt text; ``env``: an agent task's environment when this process
+    samples (:func:`~studio.runs.training.rollouts.environment`)."""
     import torch
 
     from backends.trainer import (
@@ -156,8 +159,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         t0 = time.perf_counter()
         picked = _picked(prompts, order, step, cfg.prompts_per_step)
         if sampler is None:
-            gens = policy.sample([inputs[p.text] for p in picked], n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
-                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step, top_k_stats=5)
+            gens = step_groups(policy, [inputs[p.text] for p in picked], cfg, cfg.seed * 100_003 + step, env)
             p_ids = [tok(inputs[picked[g.prompt_index].text])["input_ids"] for g in gens]
             t_sample, lag = time.perf_counter() - t0, 0
         else:  # sampled while the last step trained (sample_s: the sampler's own time, overlapped)
@@ -225,6 +227,8 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
                 metrics[f"reward_std/{c}"] = float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
         # correctness is the task's verdict, whatever the reward reads (a reward model, a rule without accuracy)
         metrics["accuracy"] = float(np.mean([bool(task.verdict(picked[g.prompt_index], g.text)[1]) for g in gens]))
+        if is_agent(task):
+            metrics |= agent_metrics(gens)
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
                          token_weights=[float(x) * m * lm for x, m, lm in zip(adv, emasks, lmasks, strict=True)], metrics=metrics,

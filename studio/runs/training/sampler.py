@@ -14,17 +14,20 @@ import time
 import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
+from studio.runs.training.rollouts import environment, step_groups
+from studio.tasks import get_task
 from studio.workers.processes import exit_with_parent, ignore_interrupts, quiet_models
 
 
 def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
-                   order: np.ndarray, first: int, out, stop, parent_pid: int) -> None:
+                   order: np.ndarray, first: int, task_spec, out, stop, parent_pid: int) -> None:
     """The overlapped sampler: batch ``b`` is sampled with the weights after step ``b - 2``
     (read from ``buffers[(b - 2) % 2]`` once ``published`` reaches that step), so it runs
     while the trainer takes step ``b - 1``, and which weights sampled which batch does not
     depend on timing. Sends ``(b, generations, prompt ids, seconds, lag)`` on the pipe end
     ``out`` (a send blocks until the trainer reads: at most one batch ahead), or
-    ``("error", message)``."""
+    ``("error", message)``. On an agent task (``task_spec``) it samples trajectories, its tools
+    running in a sandbox of its own."""
     ignore_interrupts()  # its trainer stops it
     import torch
 
@@ -36,28 +39,8 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
     try:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
         cfg = MiniRunConfig.from_dict(cfg_dict)
-        policy = load_policy(folder)
-        tok, model = policy.tokenizer, policy.model
-        texts = [p["text"] for p in prompts_json]
-        for b in range(first, cfg.steps + 1):
-            v = max(first - 1, b - 2)
-            while published.value < v:
-                if stop.is_set():
-                    return
-                time.sleep(0.001)
-            if stop.is_set():
-                return
-            with torch.no_grad():
-                for name, t in model.state_dict().items():
-                    t.copy_(buffers[v % 2][name])
-            t0 = time.perf_counter()
-            picked = [texts[int(i)] for i in order[(b - 1) * cfg.prompts_per_step:b * cfg.prompts_per_step]]
-            gens = policy.sample(picked, n=cfg.group_size, temperature=cfg.temperature, top_p=1.0,
-                                 max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + b, top_k_stats=5)
-            p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
-            if stop.is_set():
-                return
-            out.send((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))  # blocks until the trainer reads
+        with environment(get_task(task_spec)) as env:
+            _sample(load_policy(folder), env, cfg, buffers, published, prompts_json, order, first, out, stop)
     except (BrokenPipeError, EOFError):  # the trainer is gone
         return
     except BaseException as exc:  # the trainer reports it as the run's error
@@ -67,12 +50,38 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
             pass
 
 
+def _sample(policy, env, cfg: MiniRunConfig, buffers, published, prompts_json, order, first, out, stop) -> None:
+    """The sampler's loop (see :func:`sampler_worker`); returns when the run's steps are sampled or ``stop`` is set."""
+    import torch
+
+    tok, model = policy.tokenizer, policy.model
+    texts = [p["text"] for p in prompts_json]
+    for b in range(first, cfg.steps + 1):
+        v = max(first - 1, b - 2)
+        while published.value < v:
+            if stop.is_set():
+                return
+            time.sleep(0.001)
+        if stop.is_set():
+            return
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                t.copy_(buffers[v % 2][name])
+        t0 = time.perf_counter()
+        picked = [texts[int(i)] for i in order[(b - 1) * cfg.prompts_per_step:b * cfg.prompts_per_step]]
+        gens = step_groups(policy, picked, cfg, cfg.seed * 100_003 + b, env)
+        p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
+        if stop.is_set():
+            return
+        out.send((b, gens, p_ids, time.perf_counter() - t0, b - 1 - v))  # blocks until the trainer reads
+
+
 class OverlappedSampler:
     """The trainer's side of :func:`sampler_worker`: ``publish`` after each optimiser step,
     ``next_batch`` for the step's generations, ``close`` at the end."""
 
     def __init__(self, model, folder: str, cfg: MiniRunConfig, prompts_json: list[dict], order: np.ndarray,
-                 first: int):
+                 first: int, task_spec):
         import torch.multiprocessing as tmp
 
         ctx = tmp.get_context("spawn")
@@ -83,7 +92,7 @@ class OverlappedSampler:
         self.stop = ctx.Event()
         self.publish(model, first - 1)
         self.proc = ctx.Process(target=sampler_worker, daemon=True, name="minirun-sampler", args=(
-            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, out, self.stop,
+            folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, task_spec, out, self.stop,
             os.getpid()))
         self.proc.start()
         out.close()  # only the sampler holds the write end: its death reads as end-of-file, never as a hang
