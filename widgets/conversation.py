@@ -84,10 +84,14 @@ def conversation(facts: dict | None, task=None) -> list[dict[str, str]]:
 
 def conversation_html(turns: list[dict[str, str]], assistant: str) -> str:
     """The turns as labelled rows, then the assistant's turn holding ``assistant`` (the strip's HTML)."""
-    rows = "".join(f'<div class="turn {m["role"] if m["role"] in ROLES else "other"}"><span class="role">'
-                   f'{esc(m["role"])}</span><div class="say">{esc(m["content"])}</div></div>' for m in turns)
-    return (f'<div class="convo">{rows}<div class="turn assistant"><span class="role">assistant</span>'
+    return (f'<div class="convo">{turn_rows_html(turns)}<div class="turn assistant"><span class="role">assistant</span>'
             f'<div class="say-strip">{assistant}</div></div></div>')
+
+
+def turn_rows_html(turns: list[dict[str, str]]) -> str:
+    """The turns before the assistant's as labelled rows (an agent trajectory's follow, :mod:`widgets.turn_blocks`)."""
+    return "".join(f'<div class="turn {m["role"] if m["role"] in ROLES else "other"}"><span class="role">'
+                   f'{esc(m["role"])}</span><div class="say">{esc(m["content"])}</div></div>' for m in turns)
 
 
 def gold_of(value) -> dict:

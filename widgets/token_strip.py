@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import math
 import types
 from dataclasses import replace
 
@@ -49,8 +48,11 @@ from .conversation import (
     gold_of,
     task_named,
 )
-from .fork_marks import FORK_CSS, branched_card_html, branched_key_html, fork_key_html, tree_forks, tree_key
-from .token_text import VISIBLE_WS, num, token_display
+from .fork_marks import FORK_CSS, branched_key_html, fork_key_html, tree_forks, tree_key
+from .token_card import card_html, listed, masked_card_html, text_of
+from .token_text import num, token_display
+from .turn_blocks import facts_html, is_trajectory, trajectory_html, trajectory_reads
+from .turn_blocks import legend_html as turn_legend_html
 
 
 @functools.lru_cache(maxsize=32)
@@ -65,47 +67,52 @@ def rows_of(tokens: pd.DataFrame) -> list:
     return [make(r) for r in zip(*(tokens[c].tolist() for c in tokens.columns))]
 
 
-def text_of(row) -> str:
-    """A token's text; ``#id`` for one imported with its id alone (enriching fills the text)."""
-    t = row.token_text
-    return t if isinstance(t, str) else f"#{'' if row.token_id is None or row.token_id != row.token_id else int(row.token_id)}"
-
-
-def listed(cell) -> list:
-    """A list cell as a list: [] for NULL (imported tokens come without top-k alternatives)."""
-    return [] if cell is None or cell is pd.NA or (isinstance(cell, float) and cell != cell) else list(cell)
-
-
 def channel_values(tokens: pd.DataFrame, channel: str, advantage,
                    fork_threshold: float | None = None) -> list[float | None]:
     """The value each token is coloured by.
 
     ``advantage`` is one number for the whole rollout (a sequence-level estimator) or one
     per token (GAE, KL in the reward). ``weight`` is the effective per-token weight of an
-    entropy-masked (80/20-style) update: advantage × loss mask × entropy mask, where every
-    stored completion token is in the loss and the entropy mask keeps tokens at or above
-    ``fork_threshold``.
+    entropy-masked (80/20-style) update: advantage × loss mask × entropy mask, where the loss
+    mask is the tokens' ``trained`` column (False on a tool response's tokens: their weight is
+    0 whatever the advantage; every token trained when there is no such column) and the
+    entropy mask keeps tokens at or above ``fork_threshold``. A masked token has no advantage.
     """
+    trained = tokens["trained"].tolist() if "trained" in tokens.columns else None
     return _channel_values(tokens[channel].tolist() if channel in tokens.columns else None,
-                           tokens["entropy"].tolist(), channel, advantage, fork_threshold)
+                           tokens["entropy"].tolist(), channel, advantage, fork_threshold, trained)
 
 
 def _channel_values(column: list | None, entropy: list, channel: str, advantage,
-                    fork_threshold: float | None) -> list[float | None]:
+                    fork_threshold: float | None, trained: list | None = None) -> list[float | None]:
     """:func:`channel_values` from the token columns as lists (``column``: the channel's own)."""
     n = len(entropy)
     if advantage is None or (np.ndim(advantage) == 0 and pd.isna(advantage)):
         adv = None
     else:
         adv = np.broadcast_to(np.asarray(advantage, dtype=np.float64), (n,)).tolist()
+    masked = [t is False for t in trained] if trained is not None else [False] * n  # NULL: trained
     if channel == "advantage":
-        return [None] * n if adv is None else adv
+        return [None] * n if adv is None else [None if m else a for a, m in zip(adv, masked)]
     if channel == "weight":
-        if adv is None or fork_threshold is None:
-            return [None] * n
+        if adv is None or fork_threshold is None:  # unknown, except where the loss mask makes it 0
+            return [0.0 if m else None for m in masked]
         mask = _fork_mask(entropy, fork_threshold)
-        return [a if m else 0.0 for a, m in zip(adv, mask)]
+        return [a if f and not m else 0.0 for a, f, m in zip(adv, mask, masked)]
     return [None if _missing(v) else float(v) for v in column]
+
+
+def _masked_html(rows: list, trained: list[bool], i: int, compact: bool) -> str:
+    """A token the policy did not write, greyed: its text and card, or, ``compact``, one chip for the run
+    of such tokens it starts (nothing for the others of the run)."""
+    row = rows[i]
+    if not compact:
+        shown, _ = token_display(text_of(row))
+        return f'<span class="tok masked" data-pos="{row.pos}">{esc(shown)}{masked_card_html(row)}</span>'
+    if i > 0 and not trained[i - 1]:
+        return ""
+    n = next((j for j in range(i, len(rows)) if trained[j]), len(rows)) - i
+    return f'<span class="tok masked-run" title="tool response: {n} tokens, masked (not trained)">⚙ {n} tok</span>'
 
 
 def _missing(x) -> bool:
@@ -142,12 +149,15 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     ``think`` and ``answer`` are token index ranges (:func:`completion_marks`): the first sits on
     a band labelled "reasoning" (a step box open where it starts or ends moves the band's edge
     to the box's, so the HTML nests), the second is outlined.
+    Tokens the policy did not write (``trained`` False: a tool response's) are greyed, never coloured
+    by the channel nor clickable; ``compact`` folds each run of them into one chip.
     """
     scale = SCALES[channel]
     rows = rows_of(tokens)  # every column read once: a DataFrame column costs more than a small strip's HTML
     entropy = [r.entropy for r in rows]
     column = [getattr(r, channel) for r in rows] if channel in tokens.columns else None
-    values = _channel_values(column, entropy, channel, advantage, fork_threshold)
+    trained = [r.trained is not False for r in rows] if "trained" in tokens.columns else [True] * len(rows)
+    values = _channel_values(column, entropy, channel, advantage, fork_threshold, trained)
     is_fork = _fork_mask(entropy, fork_threshold)
     step_ok = step_ok or {}
     opens, closes = {}, {}
@@ -163,6 +173,9 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     in_think, think_open = False, think is not None
     colors: dict = {}  # value -> (background, text colour): a strip repeats its values (a sequence advantage: one)
     for i, row in enumerate(rows):
+        if not trained[i]:
+            parts.append(_masked_html(rows, trained, i, compact))
+            continue
         if think_open and not in_box and think[0] <= i <= think[1]:
             parts.append('<span class="think-block"><span class="think-label">reasoning</span>')
             in_think, think_open = True, False
@@ -192,7 +205,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         if v not in colors:
             colors[v] = scale.colors(v)
         bg, fg = colors[v]
-        card = "" if compact else _card(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i],
+        card = "" if compact else card_html(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i],
                                         tried)
         vtxt = "" if v is None else f"{v:.4f}"
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
@@ -229,29 +242,11 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     return "".join(parts)
 
 
-def _card(row, channel: str, value: float | None, alts: list[str] | None, step: int | None,
-          is_fork: bool = False, tried: forks.Fork | None = None) -> str:
-    p = math.exp(row.logprob) if row.logprob is not None else float("nan")
-    rows = []
-    ids, lps = listed(row.topk_ids), listed(row.topk_logprobs)
-    for j, (tid, lp) in enumerate(zip(ids, lps)):
-        q = math.exp(lp)
-        alt = alts[j] if alts else f"#{tid}"
-        alt_shown, _ = token_display(alt)
-        chosen = ' class="chosen"' if tid == row.token_id else ""
-        rows.append(f'<tr{chosen}><td class="alt">{esc(alt_shown.translate(VISIBLE_WS))}</td>'
-                    f'<td><span class="pbar" style="width:{max(1, round(q * 80))}px"></span></td>'
-                    f'<td style="text-align:right">{num(q)}</td></tr>')
-    where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "") + (" · unsure" if is_fork else "")
-    stats = [("log-prob", num(row.logprob), channel == "logprob"), ("p(token)", num(p), False),
-             ("entropy", f"{num(row.entropy)} nats", channel == "entropy")]
-    if channel in ("advantage", "weight"):
-        stats.append((channel, "–" if value is None else num(value, "+.3f"), True))
-    lines = "".join(f'<span class="c-row"><span class="c-k">{k}</span>{"<b>" if bold else "<span>"}{esc(v)}'
-                    f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)  # keys: fixed, safe text
-    return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}</span>'
-            f'<span class="c-k">{esc(where)}</span></span>{lines}{branched_card_html(tried)}'
-            f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
+def _within(marked: tuple[int, int] | None, a: int, b: int) -> tuple[int, int] | None:
+    """A token range (inclusive) as it falls in rows ``a .. b-1``, counted from ``a`` (None: outside)."""
+    if marked is None or marked[1] < a or marked[0] >= b:
+        return None
+    return max(marked[0], a) - a, min(marked[1], b - 1) - a
 
 
 def step_verdicts(rollout: dict) -> dict[int, bool | None]:
@@ -469,12 +464,19 @@ class TokenStrip(pn.viewable.Viewer):
         vid = ro.get("rule_version_id")
         version = "" if not vid or pd.isna(vid) else f' <span class="version" title="the reward version shown">({esc(vid)})</span>'
         finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
+        trajectory = is_trajectory(toks) or (toks.empty and (ro.get("n_turns") or 1) > 1)
+        tturns, trew, tadv = preloaded(("trajectory", s.rollout_id, s.refresh), lambda: trajectory_reads(
+            s.store, s.rollout_id)) if trajectory else (None, None, None)  # its turns, their rewards and advantages
         header = (
             f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(clipped(prompt.text, 48))}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b>{version}</span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
             f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> unsure'
             f'{f" · <b>{n_pivotal}</b> pivotal" if n_pivotal else ""}</span>{branch}'
-            f'{step_line}</div>')
+            f'{step_line}{facts_html(tturns) if trajectory else ""}</div>')
+        if trajectory:
+            legend += turn_legend_html(trew, bool(tadv))
+        if toks.empty and trajectory:  # imported as text: each turn's text
+            return legend, header, trajectory_html(turns, tturns, np.zeros(0), None, trew, tadv)
         if toks.empty:  # imported as text only: show the text; Enrich fills its tokens
             text = ro.get("text")
             body = (f'<div class="strip plain-text">{esc(text)}</div>' if isinstance(text, str) and text
@@ -485,13 +487,19 @@ class TokenStrip(pn.viewable.Viewer):
                         "branch from it."))
         think, answer = (None, None) if task is None else completion_marks(task, prompt, [text_of(r) for r in rows_of(
             toks[["token_text", "token_id"]])])
-        strip = strip_html(toks, s.channel, tc.values, alts, step_verdicts(ro),
-                           fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
-                           clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id,
-                           think=think, answer=answer, explored=explored)
+        verdicts = step_verdicts(ro)
+
+        def draw(a: int = 0, b: int = len(toks)) -> str:  # the strip of token rows a .. b-1 (one turn's)
+            values = tc.values[a:b] if tc.values is not None and np.ndim(tc.values) else tc.values
+            return strip_html(toks.iloc[a:b], s.channel, values, alts[a:b], verdicts,
+                              fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
+                              clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id,
+                              think=_within(think, a, b), answer=_within(answer, a, b), explored=explored)
+
         marks = MARKS_KEY if think is not None or answer is not None else ""
-        return (legend + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note, header,
-                conversation_html(turns, strip))
+        body = trajectory_html(turns, tturns, toks["pos"].to_numpy(), draw, trew, tadv) if trajectory \
+            else conversation_html(turns, draw())
+        return legend + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note, header, body
 
     def __panel__(self):
         return self._layout

@@ -58,11 +58,15 @@ def rollout_count(store: Store) -> int:
     return int(store.scalar("SELECT count(*) FROM rollouts"))
 
 
-TOKEN_COLUMNS = "pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx"
+# a token's turn and whether it is trained (the loss mask), NULL read as turn 0 / trained (a store from before
+# schema 9, a single answer)
+TOKEN_COLUMNS = ("pos, token_id, token_text, logprob, entropy, topk_ids, topk_logprobs, step_idx, "
+                 "coalesce(turn_idx, 0) AS turn_idx, coalesce(trained, true) AS trained")
 
 
 def tokens(store: Store, rollout_id: str) -> pd.DataFrame:
-    """The rollout's tokens in order with their statistics (top-k alternatives as ids)."""
+    """The rollout's tokens in order with their statistics (top-k alternatives as ids), each token's
+    ``turn_idx`` and ``trained`` (False on a tool response's tokens: no statistics)."""
     # ordered here, not by ORDER BY: a rollout's tokens are written in order, so they mostly come back
     # in order, and DuckDB's sort costs a millisecond even on a hundred rows
     df = _small_df(store, f"SELECT {TOKEN_COLUMNS} FROM {store.tokens_between(rollout_id, rollout_id)} "

@@ -103,7 +103,7 @@ def picked_sql(rule_version_id: str | None, scope: str = "TRUE", scope_params: l
 
 SCORED_COLUMNS = ("ro.rollout_id, ro.run_id, ro.group_id, ro.prompt_id, ro.sample_idx, ro.text, ro.n_tokens, "
                   "ro.finish_reason, ro.created_at, ro.train_step, ro.parent_rollout_id, ro.fork_pos, "
-                  "ro.forced_token_id, ro.correct, ro.answer")
+                  "ro.forced_token_id, ro.correct, ro.answer, ro.n_turns, ro.n_tool_calls, ro.n_tool_errors")
 # correctness as a number (1.0 / 0.0; NULL: unchecked), for readers that take `accuracy >= 1`
 ACCURACY = "CASE WHEN ro.correct THEN 1.0 WHEN NOT ro.correct THEN 0.0 END"
 SCORED_NAMES = tuple(c.strip().split(".", 1)[1] for c in SCORED_COLUMNS.split(","))

@@ -50,6 +50,9 @@ class RolloutFilter:
     group_id: str | None = None
     branches_of: str | None = None  # only branches of this rollout, at any depth
     train_step: int | None = None  # only rollouts sampled at this training step (mini-runs)
+    min_turns: int | None = None  # agent trajectories of at least this many turns (rollouts.n_turns; a single answer: 1)
+    tool: str | None = None  # trajectories that called this tool (an assistant turn's tool_name)
+    tool_errors: bool | None = None  # True: at least one failed tool call; False: none (rollouts.n_tool_errors)
     limit: int = MAX_TABLE_ROWS
 
 # rollout ids of every branch below one rollout (one bound parameter: the rollout id)
@@ -94,9 +97,27 @@ def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
     return conds, params
 
 
-def _correct_condition(f: RolloutFilter) -> list[str]:
-    """The correctness condition of ``f`` on ``rollouts ro`` (a row condition, no bound values)."""
-    return [] if f.correct is None else ["ro.correct" if f.correct else "NOT ro.correct"]
+def _row_conditions(f: RolloutFilter) -> tuple[list[str], list]:
+    """The conditions of ``f`` on single rows of ``rollouts ro`` (correctness, the trajectory filters: no
+    reward version is read to decide them) and their values. Every column they name is one of the scored
+    rows' too (``scoring.SCORED_COLUMNS``), so ``ro.`` can be read as ``s.``."""
+    conds, params = [], []
+    if f.correct is not None:
+        conds.append("ro.correct" if f.correct else "NOT ro.correct")
+    if f.min_turns is not None and f.min_turns > 1:  # NULL n_turns (never counted): a single answer
+        conds.append("coalesce(ro.n_turns, 1) >= ?")
+        params.append(int(f.min_turns))
+    if f.tool:
+        conds.append("ro.rollout_id IN (SELECT rollout_id FROM turns WHERE role = 'assistant' AND tool_name = ?)")
+        params.append(f.tool)
+    if f.tool_errors is not None:
+        conds.append("coalesce(ro.n_tool_errors, 0) > 0" if f.tool_errors else "coalesce(ro.n_tool_errors, 0) = 0")
+    return conds, params
+
+
+def _narrows_rows(f: RolloutFilter) -> bool:
+    """Whether ``f`` has a condition on single rows (:func:`_row_conditions`)."""
+    return bool(_row_conditions(f)[0])
 
 
 def _has_range(f: RolloutFilter) -> bool:
@@ -144,7 +165,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     :data:`TABLE_SORTS` and whether descending, then newest first), at most ``f.limit`` of them
     after skipping ``offset`` (a page further down, cut in DuckDB). Columns: ``rollout_id, prompt,
     completion, reward, version`` (the rule version the reward comes from), ``advantage, correct,
-    answer, n_tokens, finish_reason, run, group_id, sample_idx, created_at, fork_pos, parent_rollout_id``.
+    answer, n_tokens, finish_reason, run, group_id, sample_idx, created_at, fork_pos, parent_rollout_id,
+    n_turns, n_tool_calls, n_tool_errors`` (an agent trajectory's turns, tool calls and failed calls).
 
     Filters that keep or drop whole groups (run, group, training step, branches; the prompt
     text, as "groups with a row whose prompt contains it") narrow the rollouts before any
@@ -177,7 +199,9 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         # disagree is still scored whole, as without the filter
         scope.append(f"ro.group_id IN (SELECT ro.group_id FROM rollouts ro WHERE {' AND '.join(groups)} "
                      "AND ro.prompt_id IN (SELECT prompt_id FROM matched))")
-    rows += _correct_condition(f)
+    row_conds, row_params = _row_conditions(f)
+    rows += row_conds
+    rparams += row_params
     # a prompt text alone picks rollouts from all over the store: their ids span it (see scoring._scoped_rewards)
     narrow = not (f.prompt_contains and groups == ["TRUE"])
     order = _table_order("s", "p")
@@ -215,7 +239,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         cond, skip = " AND ".join(scope), int(offset)
         sparams = sparams + sparams if f.prompt_contains else sparams  # the groups' conditions twice
         where = ["s.prompt_id IN (SELECT prompt_id FROM matched)"] if f.prompt_contains else []
-        where += [c.replace("ro.", "s.") for c in _correct_condition(f)] + on_scored
+        where += [c.replace("ro.", "s.") for c in row_conds] + on_scored
+        wparams = row_params + wparams
     elif sort is not None:  # by a column of the rollouts: the page is cut from them alone
         column, descending = sort
         ctes.append(f"""page AS MATERIALIZED (
@@ -261,7 +286,8 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     sql = f"""{"WITH " + ", ".join(ctes) if ctes else ""}
         SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.rule_version_id AS version,
                s.advantage, s.correct, s.answer, s.n_tokens, s.finish_reason, r.name AS run,
-               s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id{total}
+               s.group_id, s.sample_idx, s.created_at, s.fork_pos, s.parent_rollout_id,
+               s.n_turns, s.n_tool_calls, s.n_tool_errors{total}
         FROM ({base}) s
         JOIN prompts p USING (prompt_id)
         JOIN runs r USING (run_id)
@@ -309,7 +335,7 @@ def reward_source(store: Store, f: RolloutFilter, rule_version_id: str | None = 
     the whole store, that read also counts the rollouts in ``f``'s range: :attr:`RewardSource.n_in_range`;
     for a version asked for, only with ``count``)."""
     groups, sparams = _whole_group_conditions(f)
-    whole = groups == ["TRUE"] and not f.prompt_contains and f.correct is None
+    whole = groups == ["TRUE"] and not f.prompt_contains and not _narrows_rows(f)
     rng, rparams = _range_sql(f, "rw.value")
     if rule_version_id is not None:
         n = None
@@ -344,7 +370,8 @@ def _cut(store: Store, f: RolloutFilter, version: str | None, n: int) -> datetim
     ``window`` of them (``2·n``, then 8 and 64 times more) once at least ``n`` rollouts made since then
     are in range. None: no such time (fewer rows, or too few in range: every row is then checked)."""
     groups, sparams = _whole_group_conditions(f)
-    conds, ctes, head = groups + _correct_condition(f), "", []
+    row_conds, row_params = _row_conditions(f)
+    conds, ctes, head, sparams = groups + row_conds, "", [], sparams + row_params
     if f.prompt_contains:
         ctes = "matched AS MATERIALIZED (SELECT prompt_id FROM prompts WHERE contains(lower(text), lower(?))),"
         head = [f.prompt_contains.strip()]
@@ -451,7 +478,8 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     (over the whole store, that read counted them; a version scores a rollout once).
     """
     conds, params = _whole_group_conditions(f)
-    conds += _correct_condition(f)
+    row_conds, row_params = _row_conditions(f)
+    conds, params = conds + row_conds, params + row_params
     if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
         conds.append("contains(lower(p.text), lower(?))")
         params.append(f.prompt_contains.strip())
@@ -470,3 +498,9 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
                                     SELECT count(*) FROM ({ids})""", params + iparams))
     return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
                                 JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))
+
+
+def has_trajectories(store: Store) -> bool:
+    """Whether any stored rollout is an agent trajectory (more than one turn): the table's turns column
+    and its trajectory filters are shown only then."""
+    return bool(store.scalar("SELECT EXISTS (SELECT 1 FROM rollouts WHERE n_turns > 1)"))

@@ -72,7 +72,7 @@ class Scale:
             f'<span class="lg-lo">{esc(self.fmt.format(self.lo))}</span>'
             f'<span class="lg-bar" style="background:linear-gradient(90deg,{grad})"></span>'
             f'<span class="lg-hi">{esc(self.fmt.format(self.hi))}</span>'
-            + ('<span class="lg-info">ⓘ</span></div>' if compact else f'<span class="lg-help">{esc(help_text)}</span></div>')
+            + ('<span class="lg-info">i</span></div>' if compact else f'<span class="lg-help">{esc(help_text)}</span></div>')
         )
 
 
@@ -116,7 +116,8 @@ CSS = """
 :host { --accent: %(accent)s; font-family: Inter, 'Segoe UI', system-ui, sans-serif; }
 .legend { display:flex; align-items:center; gap:6px; font-size:12px; color:#495057; flex-wrap:wrap; }
 .lg-name { font-weight:600; color:#212529; }
-.lg-info { color:#868e96; cursor:help; font-size:11px; }
+.lg-info { color:#868e96; cursor:help; font-size:9px; font-weight:700; display:inline-block; width:11px; height:11px;
+           line-height:11px; text-align:center; border:1px solid #adb5bd; border-radius:50%%; }
 .lg-bar { width:140px; height:10px; border-radius:3px; border:1px solid #dee2e6; display:inline-block; }
 .lg-help { flex-basis:100%%; color:#868e96; font-size:11px; }
 .strip { font-family: 'JetBrains Mono', 'DejaVu Sans Mono', Menlo, monospace; font-size:15px; line-height:2.1;
@@ -191,6 +192,43 @@ a.link, .link { color:var(--accent); cursor:pointer; text-decoration:underline d
 .think-swatch { display:inline-block; width:14px; height:10px; background:#f6f4ff; border-left:3px solid #b197fc; }
 .answer-swatch { display:inline-block; width:14px; height:10px; border:2px solid #1971c2; border-radius:2px;
                  margin-left:8px; }
+.tok.masked { background:#e9ecef; color:#868e96; }
+.tok.masked-run { background:#e9ecef; color:#868e96; border:1px dashed #ced4da; font-size:0.8em; white-space:nowrap;
+                  font-family:Inter, 'Segoe UI', system-ui, sans-serif; }
+.convo.trajectory { gap:3px; padding-bottom:60px; }
+.convo.trajectory .strip { padding-bottom:2px; }
+.convo .role .t-idx { display:block; font-weight:400; font-size:10px; color:#adb5bd; }
+.convo .turn.tool .role { color:#868e96; }
+.convo .say.inside { margin:2px 0; }
+.tool-call, .tool-reply { font-size:12px; border-radius:6px; padding:3px 8px; margin:2px 0 4px 0; min-width:0; }
+.tool-call { background:#f8f9ff; border:1px solid #dbe4ff; border-left:3px solid #5c7cfa; color:#343a40; }
+.tool-reply { background:#f1f3f5; border:1px dashed #ced4da; border-left:3px solid #adb5bd; color:#6b7280; }
+.tool-reply.failed { border-left:3px solid #e03131; background:#fff5f5; }
+.t-head { display:flex; align-items:baseline; gap:6px; flex-wrap:wrap; }
+.t-icon { color:#868e96; } .tool-call .t-icon { color:#5c7cfa; }
+.t-what { color:#868e96; } .t-size { color:#adb5bd; font-size:11px; }
+.t-name { font-family:'DejaVu Sans Mono', monospace; color:#212529; }
+.tool-reply .t-name { color:#495057; }
+.masked-tag { font-size:10px; font-weight:700; letter-spacing:.05em; text-transform:uppercase; color:#868e96;
+              background:#e9ecef; border:1px solid #dee2e6; border-radius:8px; padding:0 6px; }
+.t-body { font-family:'DejaVu Sans Mono', monospace; font-size:12px; line-height:1.45; white-space:pre-wrap;
+          word-break:break-all; overflow-wrap:anywhere; max-height:10em; overflow-y:auto; overflow-x:hidden; }
+.t-error { color:#c92a2a; margin:1px 0; white-space:pre-wrap; overflow-wrap:anywhere; }
+.turn-bars { display:flex; flex-wrap:wrap; gap:4px 14px; font-size:11px; margin:1px 0 5px 0; }
+.tbar { display:inline-flex; align-items:center; gap:5px; }
+.tb-src { color:#868e96; max-width:180px; overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
+.tbar.adv .tb-src { color:#495057; font-weight:600; }
+.tb-track { position:relative; width:84px; height:9px; background:#f1f3f5; border:1px solid #e9ecef; border-radius:2px; }
+.tb-track::after { content:""; position:absolute; left:50%%; top:-2px; bottom:-2px; border-left:1px solid #868e96; }
+.tb-fill { position:absolute; top:0; bottom:0; border-radius:1px; }
+.tb-val { font-family:'DejaVu Sans Mono', monospace; font-weight:700; color:#212529; min-width:3.2em; }
+.tbar.none .tb-val { color:#adb5bd; font-weight:400; }
+.masked-swatch, .failed-swatch, .call-swatch { display:inline-block; width:14px; height:10px; border-radius:2px; }
+.masked-swatch { background:#e9ecef; border:1px dashed #adb5bd; }
+.failed-swatch { background:#fff5f5; border-left:3px solid #e03131; margin-left:8px; }
+.call-swatch { background:#f8f9ff; border-left:3px solid #5c7cfa; margin-left:8px; }
+.traj-chips { font-size:11px; color:#495057; display:flex; gap:8px; flex-wrap:wrap; margin:0 0 3px 0; }
+.traj-chips b { color:#212529; }
 """ % {"accent": ACCENT}
 
 
