@@ -44,6 +44,8 @@ class GenerateConfig:
     max_new_tokens: int = setting(48, "longest completion, in tokens", 1, 4096)
     seed: int = setting(0, "seed of the sampler; the same seed, prompts and policy give the same rollouts")
     top_k_stats: int = setting(5, "most likely alternatives recorded per token (shown in the hover card)", 1, 20)
+    max_turns: int = setting(8, "tasks with tools: tool calls a trajectory may make (a call past them ends it, "
+                                "'turns'); tool responses count in max_new_tokens", 0, 64)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming every setting outside its bounds."""
@@ -101,6 +103,10 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
                    name: str | None = None) -> GenerateResult:
     """Sample ``config.group_size`` completions for each prompt and store them.
 
+    On a task with tools (``calculator_agent``) each completion is an agent trajectory
+    (``backends.agent``): the worker runs the loop, the tools in its sandbox
+    (``studio.workers.tools``), and the trajectories' turns and loss masks are stored with them.
+
     ``policy_path`` is a folder or a backend URL (``backends.remote``). Bad input
     (unparsable prompt, missing policy folder, a backend that does not answer, invalid
     settings) raises before anything is written. ``on_progress(done, total, message)`` is
@@ -123,15 +129,20 @@ async def generate(store: Store, policy_path: str | Path, prompt_texts: list[str
     result = GenerateResult(run_id=run_id, status="running")
     chunks = [prompts[i:i + chunk_prompts] for i in range(0, len(prompts), chunk_prompts)]
     total = len(prompts) * config.group_size
-    kwargs = {k: v for k, v in asdict(config).items() if k != "group_size"}
+    agent = bool(getattr(the_task, "tools", None))  # a task with tools: agent trajectories
+    kwargs = {k: v for k, v in asdict(config).items() if k not in ("group_size", "max_turns")}
     kwargs["n"] = config.group_size
+    if agent:
+        kwargs["max_turns"] = config.max_turns
     try:
         for i, chunk in enumerate(chunks):
             if cancel is not None and cancel.is_set():
                 result.status = "cancelled"
                 break
             kw = dict(kwargs, seed=config.seed + 7919 * i)  # distinct, reproducible stream per chunk
-            fut = executor.submit(workers.sample_job, str(policy_path), [the_task.policy_input(p) for p in chunk], kw)
+            inputs = [the_task.policy_input(p) for p in chunk]
+            fut = (executor.submit(workers.agent_job, str(policy_path), the_task.spec, inputs, kw) if agent
+                   else executor.submit(workers.sample_job, str(policy_path), inputs, kw))
             gens, version, result.device = await asyncio.wrap_future(fut)
             # scored and stored on a thread: the event loop (a served page's clicks) is not held by the write
             n, gids = await asyncio.to_thread(ingest, store, run_id, the_task, chunk, gens, rule, version)

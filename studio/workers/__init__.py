@@ -7,6 +7,7 @@ never touch the store: they return plain records and the owner writes them.
 """
 from studio.workers.jobs import (
     TokenizerMismatch,
+    agent_job,
     answer_prob_job,
     branch_job,
     context_length,
@@ -20,6 +21,6 @@ from studio.workers.jobs import (
 )
 from studio.workers.processes import pool, reset_pool, shutdown, warm
 
-__all__ = ["TokenizerMismatch", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
+__all__ = ["TokenizerMismatch", "agent_job", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
            "pool", "prm_job", "reset_pool", "sample_job", "score_job", "shutdown", "value_job", "warm",
            "warm_job"]

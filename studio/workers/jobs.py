@@ -1,5 +1,5 @@
-"""The jobs the worker pool runs (:func:`studio.workers.processes.pool`): sample, branch, score,
-enrich, answer probabilities, process rewards, values, warm-up.
+"""The jobs the worker pool runs (:func:`studio.workers.processes.pool`): sample, agent
+trajectories, branch, score, enrich, answer probabilities, process rewards, values, warm-up.
 
 Each job loads its model inside the worker (cached there by ``backends.load_policy``), and
 returns plain records and the version of the weights that made them; jobs never touch the
@@ -41,6 +41,34 @@ def sample_job(policy_path: str, prompts: list[str | dict], kwargs: dict) -> tup
     policy = load_policy(policy_path)
     texts = render_all(policy.tokenizer, prompts)
     return policy.sample(texts, **kwargs), policy_version(str(policy.path)), policy.device
+
+
+_SANDBOX = None  # this worker's tool sandbox (studio.workers.tools), started by its first agent job
+
+
+def tool_sandbox():
+    """The tool sandbox of this process (one per worker: its process is reused across jobs)."""
+    global _SANDBOX
+    if _SANDBOX is None:
+        from studio.workers.tools import ToolSandbox
+
+        _SANDBOX = ToolSandbox()
+    return _SANDBOX
+
+
+def agent_job(policy_path: str, task: dict, prompts: list[str | dict], kwargs: dict) -> tuple[list, str, str]:
+    """Runs in a worker: sample agent trajectories on a task with tools (``backends.agent``), the
+    tools run in this worker's sandbox. ``task`` is the task's spec (``Task.spec``). Returns
+    (generations, policy_version, device), as :func:`sample_job`."""
+    from backends import load_policy
+    from backends.chat import render_all
+    from studio.tasks import get_task
+    from studio.workers.agent_env import TaskEnv
+
+    policy = load_policy(policy_path)
+    texts = render_all(policy.tokenizer, prompts)
+    env = TaskEnv(get_task(task), tool_sandbox())
+    return policy.sample_agent(texts, env, **kwargs), policy_version(str(policy.path)), policy.device
 
 
 def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], prefix_text: str,

@@ -1,0 +1,218 @@
+"""The agent loop (``backends.agent``) on a real policy with real tools in the sandbox.
+
+The sample chat policy writes a newline in almost every turn, so a task whose calls end at
+"\n" (:class:`Scripted`) makes it call tools often; its calls are answered in the order of a
+script (the calculator, a tool that raises, hangs or allocates 10 GB, a call that is not JSON,
+an unknown tool), through :class:`studio.workers.agent_env.TaskEnv` and the tool sandbox.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from backends import load_policy
+from backends.agent import branch_agent, sample_agent
+from backends.chat import render
+from backends.policy import score_batch
+from sample_data import CHAT_POLICY_DIR
+from studio.store.records import generation_rows
+from studio.tasks import get_task
+from studio.tasks.calculator import calculator
+from studio.tasks.tool_calls import call_text, format_response, parse_call
+from studio.workers.agent_env import TaskEnv
+from studio.workers.tools import ToolLimits, ToolSandbox
+from tests import agent_tools
+from tests.fixtures import open_store
+
+TASK = get_task("calculator_agent")
+
+
+class Scripted:
+    """A task-like object: a call ends at a newline, and the k-th call is ``script[k % len]``:
+    a tool's name, ``bad_json`` (a call that is not JSON) or ``unknown`` (a tool no one has)."""
+
+    name = "scripted"
+    call_end = "\n"
+    tools = {"calculator": calculator, "boom": agent_tools.boom, "spin": agent_tools.spin, "hog": agent_tools.hog}
+
+    def __init__(self, *script: str):
+        self.script, self.calls = script, 0
+
+    def parse_call(self, text: str):
+        kind = self.script[self.calls % len(self.script)]
+        self.calls += 1
+        if kind == "bad_json":
+            return parse_call('<tool_call>{"name": calculator}</tool_call>', self.tools)
+        if kind == "unknown":
+            return parse_call(call_text("search", {"query": "x"}), self.tools)
+        args = {"expression": "37*24"} if kind == "calculator" else {}
+        return kind, json.dumps(args), args
+
+    def format_response(self, result=None, error=None):
+        return format_response(result, error)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(CHAT_POLICY_DIR, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with ToolSandbox(ToolLimits(call_s=1.0, memory_mb=1024)) as box:
+        yield box
+
+
+def _prompts(policy, n: int = 2) -> list[str]:
+    return [render(policy.tokenizer, TASK.policy_input(p)) for p in TASK.make_prompts(n, seed=0)]
+
+
+def _tool_spans(g):
+    return [(t.start, t.end) for t in g.turns if t.role == "tool"]
+
+
+def test_a_tool_s_answer_is_a_masked_tool_turn_without_statistics_and_stored_so(policy, sandbox):
+    prompts = _prompts(policy)
+    gens = sample_agent(policy.model, policy.tokenizer, prompts, TaskEnv(Scripted("calculator"), sandbox), n=2,
+                        max_turns=2, max_new_tokens=120, seed=0)
+    answer = policy.tokenizer("<tool_response>888</tool_response>", add_special_tokens=False)["input_ids"]
+    for g in gens:
+        roles = [t.role for t in g.turns]
+        assert roles[:4] == ["assistant", "tool", "assistant", "tool"]  # the policy called twice (its turn budget)
+        tool = [t for t in g.turns if t.role == "tool"]
+        assert [(t.tool_name, t.text, t.error) for t in tool] == [("calculator", "<tool_response>888</tool_response>",
+                                                                    None)] * 2
+        calls = [t for t in g.turns if t.role == "assistant" and t.tool_name]
+        assert [(t.tool_args, t.text.endswith("\n")) for t in calls] == [('{"expression": "37*24"}', True)] * 2
+        expect = np.ones(g.n_tokens, bool)
+        for s, e in _tool_spans(g):
+            expect[s:e] = False
+            assert g.token_ids[s:e].tolist() == answer  # the answer's own tokens, appended as they are
+        assert (g.mask == expect).all()
+        assert np.isnan(g.logprobs[~g.mask]).all() and np.isnan(g.entropies[~g.mask]).all()
+        assert (g.topk_ids[~g.mask] == -1).all() and np.isnan(g.topk_logprobs[~g.mask]).all()
+        assert np.isfinite(g.logprobs[g.mask]).all() and np.isfinite(g.entropies[g.mask]).all()
+        assert "<tool_response>888</tool_response>" in g.text
+    store = open_store()
+    rows = generation_rows("run", TASK, TASK.make_prompts(2, seed=0), gens)
+    store.write(rows.frames())
+    tok = store.df("SELECT t.trained, t.logprob, t.entropy, t.topk_ids, u.role FROM tokens t JOIN turns u "
+                   "ON u.rollout_id = t.rollout_id AND u.turn_idx = t.turn_idx")
+    tool = tok[tok["role"] == "tool"]
+    assert len(tool) == sum(int((~g.mask).sum()) for g in gens)
+    assert (~tool["trained"]).all() and tool["logprob"].isna().all() and tool["entropy"].isna().all()
+    assert tool["topk_ids"].isna().all() and tok.loc[tok["role"] == "assistant", "trained"].all()
+    counts = store.df("SELECT n_turns, n_tool_calls, n_tool_errors FROM rollouts")
+    assert (counts["n_tool_calls"] == 2).all() and (counts["n_tool_errors"] == 0).all()
+    store.close()
+
+
+def test_the_turn_budget_ends_a_trajectory_at_the_call_past_it(policy, sandbox):
+    gens = sample_agent(policy.model, policy.tokenizer, _prompts(policy), TaskEnv(Scripted("calculator"), sandbox),
+                        n=2, max_turns=1, max_new_tokens=200, seed=0)
+    for g in gens:
+        assert g.finish_reason == "turns"
+        assert [t.role for t in g.turns] == ["assistant", "tool", "assistant"]
+        assert g.turns[-1].tool_name is None and g.turns[-1].end == g.n_tokens  # the second call was not run
+        assert g.turns[-1].text.endswith("\n")
+
+
+def test_the_token_budget_counts_tool_tokens_and_cuts_an_answer(policy, sandbox):
+    for budget in (3, 8, 40):
+        gens = sample_agent(policy.model, policy.tokenizer, _prompts(policy), TaskEnv(Scripted("calculator"), sandbox),
+                            n=2, max_turns=8, max_new_tokens=budget, seed=1)
+        for g in gens:
+            assert g.n_tokens <= budget
+            if g.finish_reason == "length":
+                assert g.n_tokens == budget
+            assert g.turns[-1].end == g.n_tokens
+    cut = [g for g in gens if g.turns[-1].role == "tool"]  # budget 40: some answer is cut by the budget
+    assert all(g.finish_reason == "length" for g in cut)
+
+
+@pytest.mark.parametrize("kind, error", [
+    ("boom", "the tool broke on purpose"),
+    ("spin", "the tool ran past its time limit of 1 s"),
+    ("hog", "the tool ran out of memory (limit 1024 MB)"),
+    ("bad_json", "the tool call is not valid JSON"),
+    ("unknown", "unknown tool 'search'"),
+])
+def test_a_failing_call_is_a_tool_turn_with_its_error_and_the_loop_goes_on(policy, sandbox, kind, error):
+    task = Scripted(kind, "calculator")
+    gens = sample_agent(policy.model, policy.tokenizer, _prompts(policy, 1), TaskEnv(task, sandbox), n=1,
+                        max_turns=2, max_new_tokens=120, seed=0)
+    g = gens[0]
+    tools = [t for t in g.turns if t.role == "tool"]
+    assert tools[0].error.startswith(error) and error in tools[0].text  # the policy reads why
+    assert tools[1].error is None and tools[1].text == "<tool_response>888</tool_response>"  # and goes on
+    assert np.isnan(g.logprobs[tools[0].start:tools[0].end]).all()
+
+
+def test_same_seed_same_trajectories_other_seed_others(policy, sandbox):
+    def run(seed):
+        return sample_agent(policy.model, policy.tokenizer, _prompts(policy), TaskEnv(Scripted("calculator"), sandbox),
+                            n=3, max_turns=3, max_new_tokens=80, temperature=2.0, seed=seed)
+
+    a, b, c = run(5), run(5), run(6)
+    assert [g.token_ids.tolist() for g in a] == [g.token_ids.tolist() for g in b]
+    assert all(np.array_equal(x.logprobs, y.logprobs, equal_nan=True) for x, y in zip(a, b, strict=True))
+    assert [(t.role, t.start, t.end) for g in a for t in g.turns] == [(t.role, t.start, t.end) for g in b for t in g.turns]
+    assert [g.token_ids.tolist() for g in a] != [g.token_ids.tolist() for g in c]
+
+
+def test_policy_token_statistics_equal_teacher_forcing(policy, sandbox):
+    gens = sample_agent(policy.model, policy.tokenizer, _prompts(policy), TaskEnv(Scripted("calculator"), sandbox),
+                        n=2, max_turns=3, max_new_tokens=100, seed=2, top_k_stats=4)
+    forced = score_batch(policy.model, policy.tokenizer, [g.prompt for g in gens], [g.token_ids.tolist() for g in gens],
+                         top_k_stats=4)
+    for g, f in zip(gens, forced, strict=True):
+        m = g.mask
+        assert (~m).any()  # the comparison crosses tool turns
+        np.testing.assert_allclose(g.logprobs[m], f.logprobs[m], atol=1e-4)
+        np.testing.assert_allclose(g.entropies[m], f.entropies[m], atol=1e-4)
+        np.testing.assert_allclose(g.topk_logprobs[m], f.topk_logprobs[m], atol=1e-4)
+
+
+def test_branching_inside_turn_two_keeps_the_prefix_and_runs_the_tool_again(policy, sandbox):
+    prompts = _prompts(policy, 1)
+    env = TaskEnv(Scripted("calculator"), sandbox)
+    g = sample_agent(policy.model, policy.tokenizer, prompts, env, n=1, max_turns=2, max_new_tokens=120, seed=0)[0]
+    second = g.turns[2]  # the assistant turn after the first tool turn
+    assert second.role == "assistant" and second.end - second.start >= 2
+    fork = second.start + 1
+    task = Scripted("calculator")
+    branches = branch_agent(policy.model, policy.tokenizer, prompts[0], g.token_ids[:fork].tolist(),
+                            g.mask[:fork].tolist(), g.turns, [None, int(g.token_ids[fork])], TaskEnv(task, sandbox),
+                            n=2, max_turns=2, max_new_tokens=120, seed=3)
+    assert len(branches) == 4 and task.calls >= 4  # every branch called the tool again
+    for b in branches:
+        assert b.token_ids[:fork].tolist() == g.token_ids[:fork].tolist()
+        assert [(t.role, t.start, t.end, t.text) for t in b.turns[:2]] == [(t.role, t.start, t.end, t.text)
+                                                                           for t in g.turns[:2]]
+        assert b.turns[2].start == second.start and b.turns[2].role == "assistant"
+        assert (b.mask[:fork] == g.mask[:fork]).all()
+        pm = g.mask[:fork]
+        np.testing.assert_allclose(b.logprobs[:fork][pm], g.logprobs[:fork][pm], atol=1e-4)  # teacher forced
+        assert np.isnan(b.logprobs[:fork][~pm]).all()
+        assert sum(t.role == "tool" for t in b.turns) == 2  # the prefix's call and one more (max_turns counts both)
+    assert [b.token_ids[fork] for b in branches[2:]] == [g.token_ids[fork]] * 2  # the forced choice
+    tool = g.turns[1]
+    with pytest.raises(ValueError, match="tool turn"):
+        branch_agent(policy.model, policy.tokenizer, prompts[0], g.token_ids[:tool.start + 1].tolist(),
+                     g.mask[:tool.start + 1].tolist(), g.turns, [None], env, n=1, max_new_tokens=120)
+
+
+def test_generate_on_a_task_with_tools_stores_trajectories_with_their_turns(empty_store):
+    from studio.runs.generation import GenerateConfig, generate_sync
+
+    cfg = GenerateConfig(group_size=2, max_new_tokens=60, max_turns=2, seed=1)
+    res = generate_sync(empty_store, CHAT_POLICY_DIR, TASK.make_prompts(2, seed=4), cfg, task="calculator_agent")
+    assert res.status == "done", res.error
+    rolls = empty_store.df("SELECT rollout_id, n_tokens, n_turns FROM rollouts ORDER BY rollout_id")
+    assert len(rolls) == 4
+    turns = empty_store.df("SELECT rollout_id, count(*) AS n, max(end_pos) AS last FROM turns GROUP BY rollout_id "
+                           "ORDER BY rollout_id")
+    assert turns["n"].tolist() == rolls["n_turns"].tolist() and turns["last"].tolist() == rolls["n_tokens"].tolist()
+    assert empty_store.df("SELECT count(*) AS n FROM tokens WHERE turn_idx IS NULL OR trained IS NULL")["n"][0] == 0
