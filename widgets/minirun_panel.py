@@ -14,6 +14,7 @@ reader thread, never by a view.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pandas as pd
 import panel as pn
@@ -26,7 +27,7 @@ from studio.queries.prompts import split_counts, task_choices
 from studio.runs import minirun
 from studio.runs.minirun import CURVES
 from studio.runs.registry import known_policies
-from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError
+from studio.runs.training import PROMPT_SETS, MiniRunConfig, TrainConfigError, task_defaults
 from studio.runs.training.config import heldout_split
 from studio.store import StoreError
 from studio.tasks import UnknownTaskError, get_task
@@ -56,6 +57,7 @@ table.diff td.run { font-weight:600; }
 SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
          "all_equal_share": "all-equal", "step_s": "s / step", "agent/turns": "turns",
          "agent/tool_calls": "tool calls", "agent/tool_errors": "tool fails"}
+AGENT_EVAL = ("turns", "tool_calls", "tool_errors")  # an agent task's evaluation adds them, per trajectory
 PLOT_H = 180  # one curve's height; the curves pane grows by a row of three
 PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
 
@@ -128,7 +130,7 @@ class MiniRunPanel(LazyView):
                                        disabled=not can_run, css_classes=["cfg-task"],
                                        description="what the policy is trained on: the arithmetic sample task, "
                                                    "or a prompt set the store holds")
-        self._task.param.watch(lambda e: self._sync_choices(), "value")
+        self._task.param.watch(self._on_task, "value")
         self._inputs["rule_version"] = pn.widgets.Select(name="reward (rule version)", width=310,
                                                          disabled=not can_run, css_classes=["train-rule"])
         for name, w in self._inputs.items():
@@ -199,9 +201,12 @@ class MiniRunPanel(LazyView):
     def _sync_choices(self) -> None:
         st = self.state
         pols = known_policies(st.store)
+        own = self._task_policy()
+        if own and own not in pols.values():  # a bundled policy the pickers do not list (the sample agent policy)
+            pols[f"sample {Path(own).name.replace('_', ' ')}"] = own
         self._inputs["policy"].options = pols
         if self._inputs["policy"].value not in pols.values():
-            self._inputs["policy"].value = str(POLICY_DIR)
+            self._inputs["policy"].value = own or str(POLICY_DIR)
         for sel in (self._eval_a, self._eval_b):
             sel.options = pols
         if self._eval_a.value not in pols.values():
@@ -234,6 +239,27 @@ class MiniRunPanel(LazyView):
         if self._inputs["rule_version"].value not in opts.values():
             self._inputs["rule_version"].value = ""
         self._sync_runs()
+
+    def _task_policy(self) -> str | None:
+        """The picked task's own default policy (an agent task's: the sample agent policy), or None."""
+        try:
+            return task_defaults(get_task(self._task.value)).get("policy")
+        except UnknownTaskError:
+            return None
+
+    def _on_task(self, event) -> None:
+        """Another task: its prompt sets, and the form follows its own defaults (an agent task: its
+        policy and budgets, ``task_defaults``) where a setting is still at the old task's default."""
+        self._sync_choices()
+        try:
+            old, new = (task_defaults(get_task(t)) if t else {} for t in (event.old, event.new))
+        except UnknownTaskError:
+            return
+        base = MiniRunConfig().to_dict() | {"policy": str(POLICY_DIR)}  # what the form starts from
+        for name in old.keys() | new.keys():
+            w = self._inputs[name]
+            if w.value in (base[name], old.get(name)):
+                w.value = new.get(name, base[name])
 
     def _sync_runs(self) -> None:
         df = minirun.miniruns(self.state.store)
@@ -315,7 +341,7 @@ class MiniRunPanel(LazyView):
                 return
         rows = "".join(
             f'<tr><td>{esc(k)}</td><td>{ra[k]:.3f}</td><td>{rb[k]:.3f}</td><td><b>{rb[k] - ra[k]:+.3f}</b></td></tr>'
-            for k in ("accuracy", "pass@4", "greedy_accuracy", "mean_length", "entropy"))
+            for k in ("accuracy", "pass@4", "greedy_accuracy", "mean_length", "entropy", *AGENT_EVAL) if k in ra and k in rb)
         self._eval_out.object = (f'<table class="diff eval-table"><tr><th></th><th>A: {esc(names.get(a, a))}</th>'
                                  f'<th>B: {esc(names.get(b, b))}</th><th>B − A</th></tr>{rows}</table>')
         await asyncio.sleep(0)

@@ -7,18 +7,31 @@ from pathlib import Path
 
 from studio import workers
 from studio.queries.prompts import draw_prompts
-from studio.runs.training import TrainConfigError, evaluate_job, heldout_prompts, heldout_split
+from studio.runs.training import (
+    MiniRunConfig,
+    TrainConfigError,
+    evaluate_job,
+    heldout_prompts,
+    heldout_split,
+    with_task_defaults,
+)
 from studio.store import Store
 from studio.tasks import get_task
 from studio.workers.vocab import resolve_policy
 
 
 async def evaluate(policy_path: str | Path, n_prompts: int = 200, k: int = 4, task: str = "arithmetic",
-                   max_new_tokens: int = 40, seed: int = 0, store: Store | None = None) -> dict:
+                   max_new_tokens: int | None = None, seed: int = 0, store: Store | None = None,
+                   max_turns: int | None = None) -> dict:
     """Accuracy, pass@k, greedy accuracy, mean length and entropy of a policy on the
     held-out prompts (in the worker pool): the sample task's held-out draw, or a stored
-    prompt set's test split (``store`` holds it), judged by the task's verifier."""
+    prompt set's test split (``store`` holds it), judged by the task's verifier. On an agent
+    task the samples are trajectories (tool calls and failed calls per trajectory added).
+    ``max_new_tokens`` / ``max_turns``: None, a mini-run's defaults for the task."""
     the_task = get_task(task)
+    budgets = with_task_defaults(MiniRunConfig(), the_task)
+    max_new_tokens = budgets.max_new_tokens if max_new_tokens is None else max_new_tokens
+    max_turns = budgets.max_turns if max_turns is None else max_turns
     if the_task.generates:
         held = heldout_prompts(the_task, n_prompts)
     else:
@@ -26,5 +39,5 @@ async def evaluate(policy_path: str | Path, n_prompts: int = 200, k: int = 4, ta
             raise TrainConfigError(f"task {the_task.name!r} keeps its prompts in a store: give the store to evaluate on")
         held = draw_prompts(store, the_task.name, n_prompts, seed=0, split=heldout_split(the_task))
     fut = workers.pool().submit(evaluate_job, str(resolve_policy(policy_path)), [p.to_json() for p in held],
-                                the_task.spec, k, max_new_tokens, seed)
+                                the_task.spec, k, max_new_tokens, seed, max_turns)
     return await asyncio.wrap_future(fut)

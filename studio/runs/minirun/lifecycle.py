@@ -20,7 +20,7 @@ import pandas as pd
 from studio.runs.minirun.reads import checkpoint_root, last_checkpoint
 from studio.runs.minirun.registry import MiniRunBusy, RunState, _lock, _runs, capacity, state_of
 from studio.runs.minirun.steps import finish, receive
-from studio.runs.training import MiniRunConfig, TrainConfigError, task_prompts, train_split
+from studio.runs.training import MiniRunConfig, TrainConfigError, task_prompts, train_split, with_task_defaults
 from studio.store import Store, schema
 from studio.store.records import new_id, now, prompt_rows
 from studio.tasks import Prompt, get_task
@@ -79,12 +79,14 @@ def _training_prompts(store: Store, cfg: MiniRunConfig, task) -> list[Prompt]:
 def start(store: Store, cfg: MiniRunConfig, name: str | None = None, task: str = "arithmetic",
           resume_run: str | None = None) -> str:
     """Start a mini-run (or resume ``resume_run``) and return its run id; the work goes on
-    in the background. Raises :class:`TrainConfigError` for bad settings and
+    in the background. On an agent task, settings left at their defaults take the task's
+    (:func:`~studio.runs.training.with_task_defaults`). Raises :class:`TrainConfigError` for bad settings and
     :class:`MiniRunBusy` when another run holds the machine."""
     from backends import check_policy_folder
 
-    cfg.validate()
     the_task = get_task(task)
+    cfg = with_task_defaults(cfg, the_task)  # an agent task: its policy and budgets where cfg keeps the defaults
+    cfg.validate()
     folder = resolve_policy(cfg.policy)
     check_policy_folder(folder)
     spec, vid, version_row = _reward_spec(store, cfg.rule_version, the_task.name)

@@ -9,15 +9,19 @@ evaluation reads (:func:`heldout_prompts`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from studio.configs import problems, setting
 from studio.errors import StudioError
+from studio.runs.training.rollouts import is_agent
 
 TRAIN_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 PROMPT_SETS = ("easy", "medium", "hard", "mixed")  # or "run:<run_id>": the prompts of a stored run
 HELDOUT_SEED = 10_000  # the sample policy's held-out prompts (sample_data.build_policy)
 TRAIN_SEED = 20_000
+# an agent task's own defaults (task_defaults): the agent world's budgets, and a step size that trains in 5 minutes
+AGENT_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "max_turns": 8}
 
 
 class TrainConfigError(StudioError, ValueError):
@@ -87,6 +91,24 @@ class MiniRunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def task_defaults(task) -> dict[str, Any]:
+    """The settings whose default is another on ``task``: on an agent task (one with tools), the
+    sample agent policy and the settings :data:`AGENT_DEFAULTS` names (trajectories need a longer
+    budget, and these make five minutes of CPU training raise held-out success,
+    ``docs/miniruns.md``); none on any other task."""
+    if not is_agent(task):
+        return {}
+    from sample_data import AGENT_POLICY_DIR
+
+    return {"policy": str(AGENT_POLICY_DIR), **AGENT_DEFAULTS}
+
+
+def with_task_defaults(cfg: MiniRunConfig, task) -> MiniRunConfig:
+    """``cfg`` with every setting still at its default set to ``task``'s (:func:`task_defaults`)."""
+    base = MiniRunConfig()
+    return replace(cfg, **{k: v for k, v in task_defaults(task).items() if getattr(cfg, k) == getattr(base, k)})
 
 
 def task_prompts(task, prompt_set: str, n: int, seed: int) -> list:
