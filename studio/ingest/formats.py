@@ -25,7 +25,18 @@ import pyarrow.parquet as pq
 from studio.configs import setting
 from studio.ingest.errors import ImportFormatError
 
-FORMATS = ("trl", "verl", "openrlhf", "generic")
+# agent trajectories (studio.ingest.agent_formats): the fields a record needs (one name of each tuple), and
+# the field whose number is a trajectory's reward (named in its rule version)
+AGENT_FORMATS: dict[str, tuple[tuple[tuple[str, ...], ...], str]] = {
+    "verl-agent": ((("prompt_ids",), ("response_ids",), ("response_mask",)), "reward_score"),
+    "skyrl": ((("prompt_token_ids",), ("response_ids",), ("loss_masks",)), "rewards"),
+    "trl-tools": ((("prompt_ids",), ("completion_ids",), ("env_mask", "tool_mask")), "the reward functions"),
+    "rllm": ((("trajectories",),), "reward"),
+    "openai-chat": ((("messages", "completion"),), "reward"),
+    "openai-responses": ((("output", "items"),), "reward"),
+}
+FORMATS = ("trl", "verl", "openrlhf", "generic", *AGENT_FORMATS)
+AGENT_MAPPING = ("step", "group", "gold")  # the fields a mapping may name for an agent format
 INT32 = 2**31 - 1
 
 
@@ -146,6 +157,8 @@ def resolve(fmt: str, kinds: dict[str, set[str]], user: ColumnMapping | None, fi
     Raises:
         ImportFormatError: a required field or a mapped column is missing, or holds the wrong kind of value.
     """
+    if fmt in AGENT_FORMATS:
+        return _agent_mapping(fmt, kinds, user, file)
     chosen: dict[str, Any] = {}
     for fld, names in FORMAT_FIELDS[fmt].items():
         ok = _KINDS.get(fld)
@@ -185,6 +198,21 @@ def resolve(fmt: str, kinds: dict[str, set[str]], user: ColumnMapping | None, fi
             raise ImportFormatError(f"{file}: reward column {col!r} holds {'/'.join(sorted(kinds[col]))}, "
                                     "expected numbers")
     return ColumnMapping(**{k: (tuple(v) if k == "rewards" else v) for k, v in chosen.items()})
+
+
+def _agent_mapping(fmt: str, kinds: dict[str, set[str]], user: ColumnMapping | None, file: str) -> ColumnMapping:
+    """An agent format's mapping: its own fields must be there; a user's may name step, group and gold only."""
+    needed, reward = AGENT_FORMATS[fmt]
+    missing = [" or ".join(names) for names in needed if not any(n in kinds for n in names)]
+    if missing:
+        raise ImportFormatError(f"{file}: not a {fmt} file: missing {', '.join(missing)}; "
+                                f"it has {', '.join(sorted(kinds)) or 'no fields'}")
+    given = user.as_dict() if user else {}
+    other = sorted(set(given) - set(AGENT_MAPPING))
+    if other:
+        raise ImportFormatError(f"{fmt} reads its own fields: a mapping may name {', '.join(AGENT_MAPPING)} only, "
+                                f"not {', '.join(other)}")
+    return ColumnMapping(reward=reward, **{k: v for k, v in given.items() if k in AGENT_MAPPING})
 
 
 def columns_of(m: ColumnMapping) -> set[str]:
@@ -242,6 +270,9 @@ def detect_format(path: str | Path) -> str:
             raise ImportFormatError(f"{p}: no .parquet, .jsonl or completions/*.parquet files to import")
         p = files[0]
     names = _field_names(p)
+    agent = _agent_format(p, names)
+    if agent:
+        return agent
     if p.suffix in (".parquet", ".json") and {"prompt", "completion"} <= names and (
             "advantage" in names or p.name.startswith("completions")):
         return "trl"
@@ -254,6 +285,31 @@ def detect_format(path: str | Path) -> str:
             return "trl"
     raise ImportFormatError(f"{p}: cannot tell the format from its fields ({', '.join(sorted(names)) or 'none'}); "
                             f"pass one of {', '.join(FORMATS)} (generic with a column mapping)")
+
+
+def _agent_format(path: Path, names: set[str]) -> str | None:
+    """The agent format a file's fields say it is: token ids with a loss mask (verl, SkyRL, TRL), rLLM's
+    episodes, chat ``messages``, or Responses ``output`` items (a list of objects with a ``type``)."""
+    for fmt in ("verl-agent", "skyrl", "trl-tools", "rllm"):
+        if all(names & set(group) for group in AGENT_FORMATS[fmt][0]):
+            return fmt
+    if "messages" in names:
+        return "openai-chat"
+    if names & {"output", "items"} and path.suffix == ".jsonl":
+        first = _first_object(path)
+        items = first.get("output", first.get("items"))
+        if isinstance(items, list) and items and all(isinstance(i, dict) and "type" in i for i in items):
+            return "openai-responses"
+    return None
+
+
+def _first_object(path: Path) -> dict:
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                obj = json.loads(raw)
+                return obj if isinstance(obj, dict) else {}
+    return {}
 
 
 def step_of_name(path: Path) -> int | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from studio.ingest.agent_formats import check_tokenizer
 from studio.ingest.errors import ImportFormatError, MalformedInput, Problem
 from studio.ingest.formats import FORMATS, ColumnMapping, detect_format, files_of
 from studio.ingest.read import ReadAhead, read_files
@@ -94,7 +95,7 @@ def check_task(task: str) -> None:
 def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *, mapping: ColumnMapping | None = None,
                on_error: str = "abort", name: str | None = None, task: str = IMPORT_TASK, run_id: str | None = None,
                progress: Callable[[int, int], None] | None = None, cancel: threading.Event | None = None,
-               tail: bool = False) -> ImportReport:
+               tail: bool = False, tokenizer: str | Path | None = None) -> ImportReport:
     """Import rollouts from files or run directories, in one transaction.
 
     Args:
@@ -109,6 +110,8 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
         cancel: set it to stop; nothing is written and the report says ``cancelled``.
         tail: read only complete lines and leave unreadable Parquet files for later
             (``report.waiting``): a run still being written (:class:`studio.ingest.tail.Tailer`).
+        tokenizer: a policy folder (or ``"sample-chat"``) whose tokenizer decodes the token ids of an agent
+            format (:data:`~studio.ingest.formats.AGENT_FORMATS`) that come without texts.
 
     Raises:
         ImportFormatError: a file's fields are not what the format needs (nothing written).
@@ -118,6 +121,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
     if on_error not in ("abort", "skip"):
         raise ValueError(f"on_error must be 'abort' or 'skip', not {on_error!r}")
     check_task(task)
+    check_tokenizer(tokenizer)
     roots = [Path(p).expanduser().resolve() for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
     if not roots:
         raise ImportFormatError("no paths to import")
@@ -159,7 +163,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
             total_bytes, read_bytes = sum(s for *_, s in todo), 0
             if progress:
                 progress(0, total_bytes)
-            reads = ReadAhead(read_files(todo, fmt, mapping, tail))
+            reads = ReadAhead(read_files(todo, fmt, mapping, tail, tokenizer))
             try:
                 for *_, size in todo:
                     if cancel is not None and cancel.is_set():

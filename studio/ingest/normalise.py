@@ -60,6 +60,12 @@ class Batch:
     key: pa.Array | None = None  # string: which prompt a row answers (a chat: chat_key); None: its text
     messages: Callable[[np.ndarray], list] | None = None  # row indices -> messages JSON text (None: text only)
     prompt_text: pa.Array | None = None  # string: the templated string the policy continued, where given
+    # agent trajectories (studio.ingest.trajectories); None: each row is one assistant turn
+    turns: list | None = None  # per row: its list of backends.Turn
+    turn_rewards: list | None = None  # per row: {turn index: reward}
+    counts: np.ndarray | None = None  # [n, 3] int64: turns, tool calls, failed tool calls
+    trained: pa.Array | None = None  # list<bool> per row, as the token lists: the loss mask
+    turn_idx: pa.Array | None = None  # list<int32> per row: each token's turn
 
     def slice(self, a: int, z: int) -> Batch:
         """Rows ``a:z``."""
@@ -67,11 +73,13 @@ class Batch:
             return x.slice(a, z - a) if x is not None else None
         def rows(f):
             return (lambda idx: f(np.asarray(idx) + a)) if f else None
+        def part(x):
+            return x[a:z] if x is not None else None
         return Batch(z - a, s(self.prompt), s(self.completion), s(self.step), s(self.group), s(self.total),
                      {k: s(v) for k, v in self.components.items()}, s(self.advantage), s(self.finish_reason),
-                     {k: s(v) for k, v in self.tokens.items()},
-                     self.n_tokens[a:z] if self.n_tokens is not None else None,
-                     rows(self.gold), s(self.key), rows(self.messages), s(self.prompt_text))
+                     {k: s(v) for k, v in self.tokens.items()}, part(self.n_tokens),
+                     rows(self.gold), s(self.key), rows(self.messages), s(self.prompt_text),
+                     part(self.turns), part(self.turn_rewards), part(self.counts), s(self.trained), s(self.turn_idx))
 
 
 def _dumps(messages: list[dict]) -> str:

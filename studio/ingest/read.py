@@ -26,8 +26,10 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
+from studio.ingest.agent_formats import agent_batch
 from studio.ingest.errors import ImportFormatError, Problem
 from studio.ingest.formats import (
+    AGENT_FORMATS,
     TOKEN_FIELDS,
     ColumnMapping,
     columns_of,
@@ -113,7 +115,7 @@ def read_source(path: Path, fmt: str, user: ColumnMapping | None, start: int, ta
         m = resolve(fmt, kinds_of_records(o for _, o in recs), user, str(path))
         return Source(path, m, _chunks(recs), path.stat().st_size, [])
     data, end = _read_jsonl(path, start, tail)
-    t = _jsonl_arrow(data)
+    t = _jsonl_arrow(data) if fmt not in AGENT_FORMATS else None  # a trajectory's nesting: read as it is written
     if t is not None:
         m = resolve(fmt, kinds_of_schema(t.schema), user, str(path))
         return Source(path, m, [(lo, t.slice(lo, SLICE)) for lo in range(0, t.num_rows, SLICE)], end, [],
@@ -145,7 +147,7 @@ def _parquet_slices(path: Path, pf: pq.ParquetFile, m: ColumnMapping):
     and Arrow cannot read a slice across two of them, so those slices keep to one row group; a file of
     small row groups is read plainly instead, in slices across them."""
     rows = SLICE if not any(getattr(m, f) for f in TOKEN_FIELDS) else max(1, SLICE // 8)
-    cols = sorted(columns_of(m))
+    cols = sorted(columns_of(m)) if m.prompt else None  # an agent format reads every column
     sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
     big_groups = min(sizes[:-1], default=rows) >= rows // 4
     dicts = _dictionary_leaves(pf, m.token_texts) if m.token_texts and big_groups else []
@@ -176,21 +178,26 @@ def _chunks(recs: list) -> list:
     return [(lo, recs[lo:lo + SLICE]) for lo in range(0, len(recs), SLICE)]
 
 
-def _canonical(src: Source, offset: int, part, file_step: int | None) -> tuple[Batch | None, list[Problem]]:
+def _canonical(src: Source, offset: int, part, file_step: int | None, fmt: str,
+               tokenizer: str | Path | None) -> tuple[Batch | None, list[Problem]]:
     if isinstance(part, pa.Table):
         try:
+            if fmt in AGENT_FORMATS:
+                raise Slow
             return arrow_batch(part, src.mapping, file_step), []
         except Slow:
             first = src.first_line() + offset
             part = list(zip(range(first, first + part.num_rows), part.to_pylist(), strict=True))
+    if fmt in AGENT_FORMATS:
+        return agent_batch(fmt, part, src.mapping, file_step, str(src.file), tokenizer)
     return records_batch(part, src.mapping, file_step, str(src.file))
 
 
-def read_files(todo: list, fmt: str, user: ColumnMapping | None, tail: bool):
+def read_files(todo: list, fmt: str, user: ColumnMapping | None, tail: bool, tokenizer: str | Path | None = None):
     """Everything the import reads, in order, and nothing it writes. Per file: ``(f, start, stat,
     source)`` (the source: what :func:`read_source` gave, or the exception it raised), then ``(batch,
-    problems)`` per slice (:func:`_canonical`), the exception that stopped a file whose data does not
-    read (its footer did), and None at the file's end."""
+    problems)`` per slice (:func:`_canonical`; ``tokenizer`` decodes an agent format's token ids), the
+    exception that stopped a file whose data does not read (its footer did), and None at the file's end."""
     for f, start, _ in todo:
         st = f.stat()
         try:
@@ -202,7 +209,7 @@ def read_files(todo: list, fmt: str, user: ColumnMapping | None, tail: bool):
         file_step = step_of_name(f)
         try:
             for offset, part in src.slices:
-                yield _canonical(src, offset, part, file_step)
+                yield _canonical(src, offset, part, file_step, fmt, tokenizer)
         except (OSError, pa.ArrowException) as exc:  # a Parquet file whose footer reads but whose data does not
             yield exc
         yield None  # the file's end

@@ -214,16 +214,17 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
         "finish_reason": b.finish_reason if b.finish_reason is not None else pa.nulls(n, pa.string()),
         "created_at": pa.repeat(pa.scalar(ctx.created, pa.timestamp("us")), n),
         "train_advantage": b.advantage if b.advantage is not None else pa.nulls(n, pa.float64()),
-        "prompt_text": b.prompt_text if b.prompt_text is not None else pa.nulls(n, pa.string())})
+        "prompt_text": b.prompt_text if b.prompt_text is not None else pa.nulls(n, pa.string()),
+        **_counts(b)})
     names, values, total = _components(b)
     checks = [v for c, v in zip(names, values, strict=True) if is_correctness(c)]
     if checks:  # the run's own correctness field: a fact of the rollout (NULL where the field has no value)
         frames["rollouts"] = frames["rollouts"].append_column(
             "correct", pc.greater_equal(checks[0].cast(pa.float64()), 1.0))
+    vid, _ = version_of(ctx.fmt, src.mapping)
+    if (total is not None or _has_turn_rewards(b)) and vid not in ctx.versions:
+        _write_version(ctx, src, vid)
     if total is not None:
-        vid, _ = version_of(ctx.fmt, src.mapping)
-        if vid not in ctx.versions:
-            _write_version(ctx, src, vid)
         keep = [pc.is_valid(v) for v in values]  # a reward function with no value for a row: no row
         ids_k = [ids] + [ids.filter(k) for k in keep]
         vals_k = [total] + [v.filter(k) for v, k in zip(values, keep, strict=True)]
@@ -249,6 +250,9 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
                 values_col = _explode(a, lengths, typ)
             else:
                 tok_cols[col] = _explode(a, lengths, typ)
+        if b.trained is not None:  # an agent trajectory's loss mask and each token's turn
+            tok_cols["trained"] = _explode(b.trained, lengths, pa.bool_())
+            tok_cols["turn_idx"] = _explode(b.turn_idx, lengths, pa.int32())
         if len(tok_cols) > 2:
             ctx.tokens.add(pa.table(tok_cols))
             ctx.n_tokens += total_tok
@@ -259,8 +263,31 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
                 "policy_version": _const(f"value-import@{ctx.run_id}", int(pc.sum(keep.cast(pa.int64())).as_py() or 0),
                                          pa.string()),
                 "value": values_col.filter(keep)})
+    if b.turns is not None:
+        frames["turns"] = records.turn_frame(ids.to_pylist(), b.turns)
+        if _has_turn_rewards(b):
+            frames["turn_rewards"] = _turn_reward_table(ids.to_pylist(), b.turn_rewards, vid)
     ctx.store.write(frames, ctx.cur)
     ctx.n_rollouts += n
+
+
+def _counts(b: Batch) -> dict[str, pa.Array]:
+    """``n_turns``, ``n_tool_calls``, ``n_tool_errors`` of every rollout (a single answer: 1, 0, 0)."""
+    c = b.counts if b.counts is not None else np.tile(np.array([1, 0, 0], np.int64), (b.n, 1))
+    return {name: pa.array(c[:, i], pa.int32()) for i, name in enumerate(("n_turns", "n_tool_calls", "n_tool_errors"))}
+
+
+def _has_turn_rewards(b: Batch) -> bool:
+    return b.turn_rewards is not None and any(b.turn_rewards)
+
+
+def _turn_reward_table(ids: list[str], per_rollout: list[dict], source: str) -> pa.Table:
+    """``turn_rewards`` rows: each rollout's per-turn rewards, under the import's rule version."""
+    rows = [(rid, i, v) for rid, rewards in zip(ids, per_rollout, strict=True) for i, v in sorted(rewards.items())]
+    return pa.table({"rollout_id": pa.array([r[0] for r in rows], pa.string()),
+                     "turn_idx": pa.array([r[1] for r in rows], pa.int32()),
+                     "source": pa.array([source] * len(rows), pa.string()),
+                     "value": pa.array([r[2] for r in rows], pa.float64())})
 
 
 def _write_version(ctx: Ctx, src: Source, vid: str) -> None:

@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
 
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Import the rollouts of a training run (TRL, verl, OpenRLHF / "
-                                             "RL-Logging-Board, or any JSONL / Parquet with --map) into the store.")
+                                             "RL-Logging-Board, or any JSONL / Parquet with --map), or the agent "
+                                             "trajectories of verl, SkyRL, TRL, rLLM, OpenAI chat or Responses, "
+                                             "into the store.")
     ap.add_argument("paths", nargs="+", help="files, or run directories (their shards are imported in step order)")
     ap.add_argument("--format", choices=FORMATS, default=None, help="default: detected from the files")
     ap.add_argument("--map", action="append", default=[], metavar="FIELD=COLUMN",
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
                          + ", ".join(s.name for s in settings_of(ColumnMapping)))
     ap.add_argument("--skip-bad", action="store_true", help="skip malformed records (default: import nothing)")
     ap.add_argument("--name", default=None, help="the run's name (default: the directory or file name)")
+    ap.add_argument("--tokenizer", default=None, metavar="POLICY",
+                    help="agent formats: a policy folder (or sample-chat) whose tokenizer decodes token ids given "
+                         "without texts")
     ap.add_argument("--task", default="import", help="the task the prompts belong to: a registered one, or 'import' "
                     "(the prompts as they are); anything else is refused")
     _db_argument(ap)
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
         if args.tail:
             return _tail(store, args, mapping, on_error)
         rep = import_run(store, args.paths, args.format, mapping=mapping, on_error=on_error, name=args.name,
-                         task=args.task)
+                         task=args.task, tokenizer=args.tokenizer)
     except MalformedInput as exc:
         for p in exc.problems:
             print(p, file=sys.stderr)
