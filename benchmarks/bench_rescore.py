@@ -183,7 +183,7 @@ def sandbox_phases(store, name: str, chunk: int) -> dict:
     t_sub = time.perf_counter()
     rewards, steps = [], []
     for fut in futures:
-        out, st, _ = fut.result()
+        out, st, *_ = fut.result()
         rewards.extend(out)
         steps.extend(st)
     t2 = time.perf_counter()

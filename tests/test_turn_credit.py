@@ -9,6 +9,9 @@ import pytest
 
 from backends import Generation, Turn
 from studio.queries import credit
+from studio.queries.turns import turn_reward_sources, turn_rewards_of
+from studio.rewards import rules
+from studio.rewards.sandbox import Limits
 from studio.signals.advantages import Credit
 from studio.signals.steps import gated, step_advantages
 from studio.signals.turns import TurnCredit, discounted_to_go, gate_turns, normalise_turns, turn_advantages
@@ -167,3 +170,60 @@ def test_tool_tokens_get_no_credit_under_any_estimator(trajectories):
         assert (tc.values[[0, 1, 2, 5, 6]] != 0).all(), est
         view = credit.rollout_view(store, rids[0], c, "out@1")
         assert view.credit.values[3:5].tolist() == [0.0, 0.0], est
+
+
+# ---------------------------------------------------------------------------- a rule's turn_reward
+
+TURN_RULE = '''
+def reward(prompt, completion, gold, steps, **ctx):
+    return float(len(ctx.get("turns", [])))
+
+
+def turn_reward(prompt, turn, gold, **ctx):
+    # a failed call costs 1; a call that ran earns 0.5; the answer turn 0
+    if turn.tool_name is None:
+        return 0.0
+    return -1.0 if turn.error else 0.5 + 0 * len(turn.response)
+'''
+
+
+def test_a_rule_s_turn_reward_is_stored_per_assistant_turn_and_read_back(trajectories):
+    store, rids = trajectories
+    with store.transaction() as cur:  # the second trajectory's call failed
+        cur.execute("UPDATE turns SET error = 'boom' WHERE rollout_id = ? AND turn_idx = 1", [rids[1]])
+    res = rules.apply_rule_sync(store, TURN_RULE, "turns", limits=Limits(workers=1))
+    assert res.status == "done" and res.failed == 0, res
+    got = turn_rewards_of(store, rids, [res.rule_version_id])
+    # one row per assistant turn (turns 0 and 2), none for the tool's turn
+    assert got[["rollout_id", "turn_idx", "value"]].values.tolist() == [
+        [rids[0], 0, 0.5], [rids[0], 2, 0.0], [rids[1], 0, -1.0], [rids[1], 2, 0.0], [rids[2], 0, 0.5], [rids[2], 2, 0.0]]
+    assert res.rule_version_id in turn_reward_sources(store)
+    # the rule's reward saw the three turns
+    assert store.scalar("SELECT min(value) FROM rewards WHERE rule_version_id = ? AND component = 'total'",
+                        [res.rule_version_id]) == 3.0
+    # and turn advantages read them: the failed call is the group's worst turn
+    t = credit.turn_advantages(store, rids[1], res.rule_version_id, TurnCredit(gamma=0.0))
+    assert t["advantage"][0] < 0 and t["advantage"][1] == 0.0
+
+
+def test_a_turn_reward_that_raises_is_the_rollout_s_error(trajectories):
+    store, rids = trajectories
+    bad = TURN_RULE.replace("    if turn.tool_name is None:", "    if turn.index == 2:\n        raise ValueError('no')\n"
+                                                                   "    if turn.tool_name is None:")
+    res = rules.apply_rule_sync(store, bad, "raises", limits=Limits(workers=1))
+    assert res.status == "done" and res.failed == 3
+    err = store.df("SELECT value, error FROM rewards WHERE rule_version_id = ? AND component = 'total'",
+                   [res.rule_version_id])
+    assert err["value"].isna().all() and err["error"].str.contains("ValueError: no").all()
+    assert "turn_reward" in err["error"][0]  # the frame inside the rule is named
+    # nothing half-written: no turn rewards for the failed rollouts
+    assert turn_rewards_of(store, rids, [res.rule_version_id]).empty
+    # a turn_reward returning something that is not a number says so
+    res = rules.apply_rule_sync(store, TURN_RULE.replace("return 0.0", "return None"), "none",
+                                limits=Limits(workers=1))
+    assert "turn_reward returned None for turn 2; it returns a finite number" in res.errors[0][1]
+
+
+def test_check_source_validates_turn_reward():
+    probs = rules.source_problems("def reward(p, c, g, s, **k):\n    return 1\n\ndef turn_reward(turn):\n    return 0\n")
+    assert [str(p) for p in probs] == ["line 4: turn_reward takes (prompt, turn, gold, **ctx)"]

@@ -11,6 +11,17 @@ sum of the other entries when it has none). An optional step rule scores each st
 
     def step_reward(prompt, step, gold, **ctx) -> float
 
+and an optional turn rule scores each assistant turn of an agent trajectory (a rollout with
+tool calls; its ``ctx["turns"]`` lists every turn, for ``reward`` too)::
+
+    def turn_reward(prompt, turn, gold, **ctx) -> float
+
+``turn`` has ``index`` (its place in the trajectory), ``role``, ``text``, ``tool_name`` and
+``tool_args`` (the call it made, JSON text), ``response`` (the tool's answer to that call) and
+``error`` (why the call failed; None when it ran), e.g. ``return -1.0 if turn.error else 0.0``.
+Its values are stored per turn under the rule's version, the per-turn rewards the token strip
+draws and turn advantages normalise (:mod:`studio.signals.turns`).
+
 Everything here is a small pure function with literal doctests, so a rule reads like the
 paper it comes from. The built-in rules (:mod:`studio.rewards.builtin`) are weighted sums of
 these same functions. Light on imports: it runs in the sandbox's worker processes.

@@ -1,7 +1,7 @@
 """Editable reward rules as stored versions: apply a rule's source, extend a version, diff two.
 
 A rule is Python source defining ``reward(prompt, completion, gold, steps, **ctx)`` (and
-optionally ``step_reward``); see :mod:`studio.rewards.rewardlib` for the signature and the
+optionally ``step_reward`` and, for agent trajectories, ``turn_reward``); see :mod:`studio.rewards.rewardlib` for the signature and the
 built-in library. :func:`apply_rule` re-scores every rollout in a scope in the sandbox's
 worker processes (:mod:`studio.rewards.sandbox`) and writes the version and all its rewards in one
 transaction at the end: a version is stored whole or not at all, and nothing earlier is
@@ -144,6 +144,9 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     rule reads that version's reward of the rollout as ``ctx[name]`` (None where it has
     none). They are part of the version: the same source over other inputs is another one.
 
+    A ``step_reward`` writes ``step_rewards`` and a ``turn_reward`` writes ``turn_rewards`` (one
+    row per assistant turn of each trajectory in scope), both under the version's id.
+
     Raises :class:`RuleSourceError` for source that cannot run (nothing is written).
     Per-rollout failures are stored as a NULL ``total`` with the message and counted in the
     result. A spent budget, a killed worker or a cancel stores nothing.
@@ -171,7 +174,8 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
     loop = asyncio.get_running_loop()
     futures = []
     result = ApplyResult(vid, "running")
-    rewards, steps = [], []
+    rewards, steps, turn_rows = [], [], []
+    trajectories = _turns_of(store, rows["rollout_id"].tolist())
     done = 0
     try:
         # submitting is inside the try: a worker the first chunk kills breaks the pool before the
@@ -181,8 +185,10 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
             recs = [(*r[:4], {k: (None if v != v else v) for k, v in zip(sources, r[4:], strict=True)})
                     for r in part[cols].itertuples(index=False, name=None)]
             for lo in range(0, len(recs), chunk):
+                part_turns = {r[0]: trajectories[r[0]] for r in recs[lo:lo + chunk] if r[0] in trajectories}
                 futures.append((len(recs[lo:lo + chunk]), ex.submit(sandbox.score_chunk, source, sha, task_spec,
-                                                                     recs[lo:lo + chunk], limits.call_s)))
+                                                                     recs[lo:lo + chunk], limits.call_s,
+                                                                     part_turns)))
         for n, fut in futures:
             waited = asyncio.wrap_future(fut, loop=loop)  # wrapped once: a wrapper left behind logs its error
             waited.add_done_callback(_retrieved)
@@ -196,11 +202,12 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
                 finished, _ = await asyncio.wait({waited}, timeout=min(0.1, remaining))
                 if finished:
                     break
-            out, st, errs = fut.result()
+            out, st, errs, tr = fut.result()
             out = [(rid, comp, value, _clip(err)) for rid, comp, value, err in out]
             errs = [(rid, _clip(msg)) for rid, msg in errs]
             rewards.extend(out)
             steps.extend(st)
+            turn_rows.extend(tr)
             result.failed += len(errs)
             if len(result.errors) < 5:
                 result.errors.extend(errs[:5 - len(result.errors)])
@@ -221,7 +228,7 @@ async def apply_rule(store: Store, source: str, name: str, note: str = "",
                                                    "crashed the interpreter); nothing was stored")
         return result
     stored = source + (f"{SOURCES_MARK}{sources}" if sources else "")
-    _write_version(store, vid, name, stored, note, rewards, steps)
+    _write_version(store, vid, name, stored, note, rewards, steps, turn_rows)
     result.status, result.scored = "done", len(rows)
     result.seconds = time.perf_counter() - t0
     return result
@@ -260,8 +267,23 @@ def source_problems(source: str) -> list[sandbox.SourceProblem]:
     return problems
 
 
-def _write_version(store: Store, vid: str, name: str, source: str, note: str, rewards: list, steps: list) -> None:
-    """The version row, its rewards and step rewards: one transaction."""
+def _turns_of(store: Store, rollout_ids: list[str]) -> dict[str, list[tuple]]:
+    """The stored turns of the rollouts that are agent trajectories, as :func:`sandbox.rule_turns` reads
+    them: ``{rollout_id: [(turn_idx, role, content, tool_name, tool_args, error), ...]}``."""
+    if not store.scalar("SELECT EXISTS (SELECT 1 FROM turns)"):  # a store of single answers: nothing to send
+        return {}
+    rows = store.df("""SELECT rollout_id, turn_idx, role, content, tool_name, tool_args, error FROM turns
+                       WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY rollout_id, turn_idx""",
+                    [rollout_ids])
+    out: dict[str, list[tuple]] = {}
+    for rid, *turn in rows.astype(object).where(rows.notna(), None).itertuples(index=False, name=None):
+        out.setdefault(rid, []).append(tuple(turn))
+    return out
+
+
+def _write_version(store: Store, vid: str, name: str, source: str, note: str, rewards: list, steps: list,
+                   turns: list = ()) -> None:
+    """The version row, its rewards, step rewards and turn rewards: one transaction."""
     rw = pd.DataFrame(rewards, columns=["rollout_id", "component", "value", "error"])
     rw.insert(1, "rule_version_id", vid)
     rw["value"] = rw["value"].astype("float64")
@@ -278,6 +300,10 @@ def _write_version(store: Store, vid: str, name: str, source: str, note: str, re
                 FROM new_steps s LEFT JOIN tokens t ON t.rollout_id = s.rollout_id AND t.step_idx = s.step_idx
                 GROUP BY s.rollout_id, s.step_idx, s.value""", [vid])
             cur.unregister("new_steps")
+        if turns:
+            tr = pd.DataFrame(turns, columns=["rollout_id", "turn_idx", "value"])
+            tr.insert(2, "source", vid)
+            store.write({"turn_rewards": tr}, cur=cur)
 
 
 def apply_rule_sync(*args, **kwargs) -> ApplyResult:

@@ -5,8 +5,9 @@ worker processes, each with an address-space limit (``Limits.memory_mb``: a 10 G
 allocation fails with ``MemoryError`` there, not in the server), a per-rollout time
 limit (``Limits.call_s``: an endless loop is interrupted by a timer signal) and, for a
 whole apply, a total budget (``Limits.budget_s``: past it the workers are killed). A rule
-that raises, loops, returns NaN or the wrong type yields a per-rollout error with a short
-traceback; the other rollouts are still scored.
+that raises, loops, returns NaN or the wrong type (in ``reward``, ``step_reward`` or
+``turn_reward``) yields a per-rollout error with a short traceback; the other rollouts are
+still scored.
 
 The per-rollout timer covers the call only. A worker loads the rule first, untimed: it runs
 the rule's module-level code (its imports) and pays the first-use cost of the library
@@ -76,7 +77,7 @@ class SandboxError(StudioError, RuntimeError):
 
 def check_source(source: str) -> list[SourceProblem]:
     """Problems found by parsing ``source`` (never running it): syntax errors, and a
-    missing or malformed ``reward`` / ``step_reward`` function.
+    missing or malformed ``reward`` / ``step_reward`` / ``turn_reward`` function.
 
     >>> check_source("def reward(prompt, completion, gold, steps, **ctx):\\n    return 1.0")
     []
@@ -84,6 +85,8 @@ def check_source(source: str) -> list[SourceProblem]:
     ["line 2: '(' was never closed"]
     >>> [str(p) for p in check_source("x = 1")]
     ['line 1: a rule defines `def reward(prompt, completion, gold, steps, **ctx)`']
+    >>> [str(p) for p in check_source("def reward(*a, **k):\\n  return 1\\ndef turn_reward(turn):\\n  return 0")]
+    ['line 3: turn_reward takes (prompt, turn, gold, **ctx)']
     """
     try:
         tree = ast.parse(source, filename=RULE_FILENAME)
@@ -98,10 +101,10 @@ def check_source(source: str) -> list[SourceProblem]:
         if len(fn.args.args) + len(fn.args.posonlyargs) < 4 and fn.args.vararg is None:
             problems.append(SourceProblem(fn.lineno, fn.col_offset,
                                           "reward takes (prompt, completion, gold, steps, **ctx)"))
-    if "step_reward" in funcs:
-        fn = funcs["step_reward"]
-        if len(fn.args.args) + len(fn.args.posonlyargs) < 3 and fn.args.vararg is None:
-            problems.append(SourceProblem(fn.lineno, fn.col_offset, "step_reward takes (prompt, step, gold, **ctx)"))
+    for name, what in (("step_reward", "step"), ("turn_reward", "turn")):
+        fn = funcs.get(name)
+        if fn is not None and len(fn.args.args) + len(fn.args.posonlyargs) < 3 and fn.args.vararg is None:
+            problems.append(SourceProblem(fn.lineno, fn.col_offset, f"{name} takes (prompt, {what}, gold, **ctx)"))
     return problems
 
 
@@ -174,6 +177,37 @@ def _init_worker(memory_mb: int) -> None:
 
 # ---------------------------------------------------------------------------- in the worker
 
+@dataclass(frozen=True)
+class RuleTurn:
+    """A turn of an agent trajectory as a rule's ``turn_reward`` (and ``ctx["turns"]``) sees it."""
+
+    index: int
+    """Its place in the trajectory (``turns.turn_idx``)."""
+    role: str
+    """assistant | tool | user | system."""
+    text: str
+    """What it says (a tool turn: the tool's response as the policy saw it)."""
+    tool_name: str | None = None
+    """The tool an assistant turn called / that answered."""
+    tool_args: str | None = None
+    """The call's arguments, JSON text as the policy wrote it."""
+    error: str | None = None
+    """Why the call failed: on the tool turn, and on the assistant turn that made the call."""
+    response: str | None = None
+    """An assistant turn's call: the tool's response (None: no call, or no answer)."""
+
+
+def rule_turns(rows: list[tuple]) -> list[RuleTurn]:
+    """A trajectory's turns for a rule, from ``(turn_idx, role, content, tool_name, tool_args, error)``
+    rows in order: an assistant turn carries the response (and error) of the tool turn after it."""
+    out = []
+    for i, (idx, role, text, name, args, err) in enumerate(rows):
+        nxt = rows[i + 1] if i + 1 < len(rows) and role == "assistant" and rows[i + 1][1] == "tool" else None
+        out.append(RuleTurn(int(idx), role, text or "", name, args,
+                            err if nxt is None else nxt[5], None if nxt is None else (nxt[2] or "")))
+    return out
+
+
 class RuleTimeout(Exception):
     """Raised inside a rule call that ran past its time limit."""
 
@@ -238,15 +272,19 @@ def _as_components(value) -> dict[str, float]:
     return parts
 
 
-def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call_s: float
-                ) -> tuple[list[tuple], list[tuple], list[tuple]]:
+def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call_s: float,
+                turns: dict[str, list[tuple]] | None = None
+                ) -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Runs in a worker: score ``rows`` of ``(rollout_id, prompt, gold_json, completion)``.
 
     ``task`` is a task's name or its spec (``studio.tasks.Task.spec``: a task the store
-    defines is rebuilt from it here). Returns ``(rewards, step_rewards, errors)``: reward rows ``(rollout_id, component,
-    value, error)``, step rows ``(rollout_id, step_idx, value)`` and ``(rollout_id,
-    message)`` for every rollout the rule failed on (its ``total`` is stored as NULL with
-    the message, so a failure is visible, not silently missing).
+    defines is rebuilt from it here). ``turns``: the turns of the rows that are agent
+    trajectories (rows of :func:`rule_turns`, by rollout id): the rule sees them as
+    ``ctx["turns"]`` and its ``turn_reward`` scores each assistant turn. Returns ``(rewards,
+    step_rewards, errors, turn_rewards)``: reward rows ``(rollout_id, component, value,
+    error)``, step rows ``(rollout_id, step_idx, value)``, ``(rollout_id, message)`` for every
+    rollout the rule failed on (its ``total`` is stored as NULL with the message, so a failure
+    is visible, not silently missing) and turn rows ``(rollout_id, turn_idx, value)``.
     """
     import json
 
@@ -257,10 +295,10 @@ def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call
         ns = _compile(source, sha)
     except BaseException as exc:  # a rule that fails at import fails every rollout, plainly
         msg = f"the rule failed to load:\n{_short_tb(exc)}"
-        return [(r[0], "total", None, msg) for r in rows], [], [(r[0], msg) for r in rows]
-    reward, step_reward = ns.get("reward"), ns.get("step_reward")
+        return [(r[0], "total", None, msg) for r in rows], [], [(r[0], msg) for r in rows], []
+    reward, step_reward, turn_reward = ns.get("reward"), ns.get("step_reward"), ns.get("turn_reward")
     old = signal.signal(signal.SIGALRM, _on_alarm)
-    out, steps_out, errors = [], [], []
+    out, steps_out, errors, turns_out = [], [], [], []
     try:
         for rollout_id, prompt_text, gold_json, completion, *extra in rows:
             gold = json.loads(gold_json) if isinstance(gold_json, str) else (gold_json or {})
@@ -270,15 +308,23 @@ def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call
                 try:
                     parsed = task.parse_completion(prompt, completion)
                     ctx = {"parsed": parsed, "task": task, "n_chars": len(completion), **(extra[0] if extra else {})}
+                    trajectory = rule_turns(turns[rollout_id]) if turns and rollout_id in turns else None
+                    if trajectory is not None:
+                        ctx["turns"] = trajectory
                     parts = _as_components(reward(prompt_text, completion, gold, list(parsed.steps), **ctx))
                     step_vals = []
                     if step_reward is not None:
                         for i, st in enumerate(parsed.steps):
                             v = step_reward(prompt_text, st, gold, **ctx)
-                            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                                raise TypeError(f"step_reward returned {v!r} for step {i + 1}; "
-                                                "it returns a finite number")
+                            _check_number(v, "step_reward", f"step {i + 1}")
                             step_vals.append((rollout_id, i, float(v)))
+                    turn_vals = []
+                    if turn_reward is not None and trajectory is not None:
+                        for turn in trajectory:
+                            if turn.role == "assistant":
+                                v = turn_reward(prompt_text, turn, gold, **ctx)
+                                _check_number(v, "turn_reward", f"turn {turn.index}")
+                                turn_vals.append((rollout_id, turn.index, float(v)))
                 finally:
                     signal.setitimer(signal.ITIMER_REAL, 0)
             except RuleTimeout:
@@ -291,9 +337,16 @@ def score_chunk(source: str, sha: str, task: str | dict, rows: list[tuple], call
             else:
                 out.extend((rollout_id, k, v, None) for k, v in parts.items())
                 steps_out.extend(step_vals)
+                turns_out.extend(turn_vals)
                 continue
             out.append((rollout_id, "total", None, msg))
             errors.append((rollout_id, msg))
     finally:
         signal.signal(signal.SIGALRM, old)
-    return out, steps_out, errors
+    return out, steps_out, errors, turns_out
+
+
+def _check_number(v, fn: str, where: str) -> None:
+    """Refuse what a step or turn rule returns unless it is a finite number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TypeError(f"{fn} returned {v!r} for {where}; it returns a finite number")

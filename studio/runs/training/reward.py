@@ -54,7 +54,7 @@ class RewardFn:
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=False))]
         fut = sandbox.pool(self.limits).submit(sandbox.score_chunk, self.spec["source"], self.sha, self.task.spec,
                                                rows, self.limits.call_s)
-        rewards, steps, _ = fut.result(timeout=self.limits.budget_s)
+        rewards, steps, *_ = fut.result(timeout=self.limits.budget_s)
         out, errors = [dict() for _ in completions], [dict() for _ in completions]
         for rid, comp, val, err in rewards:
             out[int(rid)][comp] = val
