@@ -141,12 +141,17 @@ def verl_agent(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decod
     for k, v in enumerate(scores):
         _add(per_turn, runs[k], number(v, "turn_scores"))
     tool_rewards = extra.get("tool_rewards") or []
+    if not isinstance(tool_rewards, list):
+        raise Bad("'extra_fields.tool_rewards' must be a list")
     callers = [i for i, t in enumerate(turns) if t.role == "assistant" and (t.tool_name or t.tool_args) is not None]
-    if tok["token_texts"] is None:  # calls cannot be read: each tool turn answers the assistant turn before it
+    if tok["token_texts"] is None:
+        # the calls cannot be read: one reward per tool turn credits the turn before it; more (a turn made
+        # several calls) cannot be placed, and are left out
         callers = [i - 1 for i, t in enumerate(turns) if t.role == "tool" and i > 0]
-    if not isinstance(tool_rewards, list) or len(tool_rewards) > len(callers):
-        raise Bad(f"'extra_fields.tool_rewards' has {len(tool_rewards) if isinstance(tool_rewards, list) else 'no'}"
-                  f" rewards but the response has {len(callers)} tool calls")
+        tool_rewards = tool_rewards if len(tool_rewards) == len(callers) else []
+    if len(tool_rewards) > len(callers):
+        raise Bad(f"'extra_fields.tool_rewards' has {len(tool_rewards)} rewards but the response has "
+                  f"{len(callers)} tool calls")
     for k, v in enumerate(tool_rewards):
         _add(per_turn, callers[k], number(v, "tool_rewards"))
     raw = extra.get("raw_prompt")
