@@ -1,5 +1,7 @@
 """Group view: every completion sampled for one prompt, side by side, with reward
-components and GRPO advantage, flagged when all rewards are equal (no learning signal).
+components and GRPO advantage, flagged when all rewards are equal (no learning signal). An agent
+trajectory's card adds its turns, tool calls, failed calls and length as chips, and its strip
+folds each tool response (masked: not trained) into one grey chip.
 
 ✓ / ✗ on a card and the header's count of correct ones are the rollout's own correctness
 (``correct``: its task's check of the final answer, or an import's field; – when there is no
@@ -186,7 +188,7 @@ class GroupView(pn.viewable.Viewer):
                 f'{"" if n_checked == len(rows) else f" ({len(rows) - n_checked} unchecked)"}</span>'
                 f'<span>mean reward <b>{rewards.mean():.3f}</b></span>'
                 f'<span>std <b>{rewards.std(ddof=1) if len(rows) > 1 else 0:.3f}</b></span>'
-                f'<span class="reward-version">{esc(version_label(rows, key[3]))}</span></div>')
+                f'{trajectories_html(rows)}<span class="reward-version">{esc(version_label(rows, key[3]))}</span></div>')
         if len(rows) > 1 and rewards.max() - rewards.min() <= EQUAL_TOL:
             head += banner("warn", f"All {len(rows)} rewards are equal ({rewards.iloc[0]:.3f}): every group-relative "
                                    "advantage is 0 and this group gives no learning signal.")
@@ -214,11 +216,13 @@ class GroupView(pn.viewable.Viewer):
     def _cards_html(rows: list[dict], toks: dict, token_adv: dict, channel: str) -> str:
         """The group's cards coloured by ``channel``: string work only (a thread draws them ahead)."""
         names = sorted({c for r in rows for c in r["components"] if c != "total"})
-        cards = "".join(GroupView._card(r, toks.get(r["rollout_id"]), names, token_adv, channel) for r in rows)
+        agents = any(_count(r, "n_turns", 1) > 1 for r in rows)  # every card then says its turns, a single answer's too
+        cards = "".join(GroupView._card(r, toks.get(r["rollout_id"]), names, token_adv, channel, agents) for r in rows)
         return f'<div class="grid">{cards}</div>'
 
     @staticmethod
-    def _card(row: dict, toks: pd.DataFrame | None, components: list[str], token_adv: dict, channel: str) -> str:
+    def _card(row: dict, toks: pd.DataFrame | None, components: list[str], token_adv: dict, channel: str,
+              agents: bool = False) -> str:
         ok = row.get("correct")
         comps = "".join(f'<span>{esc(c)} <b>{row["components"][c]:.2f}</b></span>' for c in components
                         if row["components"].get(c) is not None)
@@ -231,10 +235,37 @@ class GroupView(pn.viewable.Viewer):
                 f'{"<b class=ok>✓</b>" if ok else "<span>–</span>" if ok is None else "<b class=bad>✗</b>"}'
                 f'<span title="{esc(row.get("rule_version_id") or "no reward")}">reward <b>{reward:.3f}</b></span>'
                 f'<span>adv {chip(row["advantage"], SCALES["advantage"])}</span></div>'
-                f'<div class="meta-line">{comps}</div>{strip}</div>')
+                f'{trajectory_chips(row) if agents else ""}<div class="meta-line">{comps}</div>{strip}</div>')
 
     def __panel__(self):
         return self._layout
+
+
+def _count(row: dict, name: str, default: int) -> int:
+    """A rollout's trajectory count (``n_turns``, ``n_tool_calls``, ``n_tool_errors``; NULL: a single answer's)."""
+    v = row.get(name)
+    return default if v is None or pd.isna(v) else int(v)
+
+
+def trajectory_chips(row: dict) -> str:
+    """A card's line in a group of agent trajectories: its turns, tool calls, failed calls and tokens."""
+    n_turns = _count(row, "n_turns", 1)
+    failed = _count(row, "n_tool_errors", 0)
+    n_tokens = "" if pd.isna(row.get("n_tokens")) else f'<span><b>{int(row["n_tokens"])}</b> tok</span>'
+    return (f'<div class="traj-chips"><span><b>{n_turns}</b> turn{"s" if n_turns != 1 else ""}</span><span>⚙ <b>{_count(row, "n_tool_calls", 0)}'
+            f'</b> calls</span><span{" class=bad" if failed else ""}>✗ <b>{failed}</b> failed</span>{n_tokens}</div>')
+
+
+def trajectories_html(rows: list[dict]) -> str:
+    """The group header's line on its trajectories: turns and tool calls per trajectory, failed calls
+    (nothing when every completion is a single answer)."""
+    turns = [_count(r, "n_turns", 1) for r in rows]
+    if max(turns, default=1) <= 1:
+        return ""
+    calls = sum(_count(r, "n_tool_calls", 0) for r in rows)
+    failed = sum(_count(r, "n_tool_errors", 0) for r in rows)
+    return (f'<span>turns <b>{sum(turns) / len(rows):.1f}</b> · tool calls <b>{calls / len(rows):.1f}</b> per trajectory'
+            f' · <b>{failed}</b> of {calls} calls failed</span>')
 
 
 def version_label(rows: list[dict], asked: str | None) -> str:

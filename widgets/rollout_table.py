@@ -1,12 +1,13 @@
-"""Rollout table: filter by run, prompt, correctness, reward range and training step; page
-through the rows, newest first; select a row to open it in the token strip and its group in the
+"""Rollout table: filter by run, prompt, correctness, reward range and training step (and, in a store
+with agent trajectories, by number of turns, tool used and tool failures); page through the rows, newest first; select a row to open it in the token strip and its group in the
 group view. The row of the rollout the page shows (``state.rollout_id``) is selected whenever it
 is on the page shown, however it was opened.
 
 What RL needs fits the table card without a horizontal scroll (~470 px with the sidebar open on a
 1280 px screen): prompt, completion, *reward*, *adv.* (advantage), *ok* (✓ / ✗), *len* (tokens)
 and *fork* (a branch's fork position, ``↳ 14``; blank for a sampled rollout, so branches differ
-from their parents at a glance).
+from their parents at a glance). In a store with agent trajectories a *turns* column adds each
+row's turns, tool calls and failed calls (``3·2⚙·1✗``).
 
 Correctness (the *ok* column and the correctness filter) is the rollout's own
 (``rollouts.correct``: its task's check of the final answer, or an import's correctness field;
@@ -30,7 +31,8 @@ import param
 from bokeh.models.widgets.tables import NumberFormatter
 
 from studio import queries
-from studio.queries.table import train_steps
+from studio.queries.table import has_trajectories, train_steps
+from studio.queries.turns import tools_used
 from studio.store import StoreError
 
 from .base.pickers import run_labels
@@ -39,13 +41,16 @@ from .base.style import CSS, banner, esc
 
 ALL_RUNS = "All runs"
 ALL_STEPS = "all steps"
+ANY_TOOL = "any tool"
+TOOL_FAILURES = {"all": None, "some failed": True, "none failed": False}  # label -> RolloutFilter.tool_errors
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 # the shown columns and the two a click needs (hidden): every column is sent to the browser and
 # taken row by row by Panel on each click, so the page frame holds nothing else
-COLUMNS = ["rollout_id", "prompt", "completion", "reward", "advantage", "correct", "n_tokens", "fork_pos", "group_id"]
+COLUMNS = ["rollout_id", "prompt", "completion", "turns", "reward", "advantage", "correct", "n_tokens", "fork_pos",
+           "group_id"]
 # header titles short enough for their columns; the fixed widths (px) leave the completion the rest of the card
 TITLES = {"reward": "reward", "advantage": "adv.", "correct": "ok", "n_tokens": "len", "fork_pos": "fork"}
-WIDTHS = {"prompt": 74, "reward": 70, "advantage": 58, "correct": 38, "n_tokens": 44, "fork_pos": 50}
+WIDTHS = {"prompt": 74, "turns": 62, "reward": 70, "advantage": 58, "correct": 38, "n_tokens": 44, "fork_pos": 50}
 # the sort arrow sits in the header's right padding: a narrow one, so a short title is never cut; rows of 28 px,
 # so a page's 18 rows show without a vertical scroll either
 TABLE_CSS = (":host .tabulator { font-size: 13px; } :host .tabulator-col-title { font-size: 12px; }"
@@ -57,7 +62,8 @@ TABLE_CSS = (":host .tabulator { font-size: 13px; } :host .tabulator-col-title {
              # a cut prompt or completion ends in an ellipsis (on the text's own box, which Panel wraps in
              # the cell), clear of the number beside it
              " :host .tabulator-cell > div { overflow: hidden; text-overflow: ellipsis; }"
-             " :host .tabulator-cell[tabulator-field=completion] { padding-right: 10px !important; }")
+             " :host .tabulator-cell[tabulator-field=completion] { padding-right: 10px !important; }"
+             " :host .tabulator-cell[tabulator-field=turns] { font-size: 12px; }")
 
 
 class RolloutTable(pn.viewable.Viewer):
@@ -68,6 +74,11 @@ class RolloutTable(pn.viewable.Viewer):
     prompt_contains = param.String(default="", doc="Only prompts containing this text (case-insensitive).")
     correctness = param.Selector(default="all", objects=["all", "correct", "incorrect"],
                                  doc="Final-answer correctness of the rollout (its task's check; no reward version).")
+    min_turns = param.Integer(default=1, bounds=(1, None),
+                              doc="Agent trajectories of at least this many turns (a single answer is one).")
+    tool = param.Selector(default=ANY_TOOL, objects=[ANY_TOOL], doc="Trajectories that called this tool.")
+    tool_failures = param.Selector(default="all", objects=list(TOOL_FAILURES),
+                                   doc="Trajectories with at least one failed tool call, or with none.")
     reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5),
                                doc="Total reward between these values, under one rule version (the note says which).")
     page = param.Integer(default=1, bounds=(1, None), doc="The page of rows shown (newest first).")
@@ -80,7 +91,7 @@ class RolloutTable(pn.viewable.Viewer):
             pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
             selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
-            hidden_columns=["rollout_id", "group_id"], titles=TITLES, widths=WIDTHS,
+            hidden_columns=["rollout_id", "group_id", "turns"], titles=TITLES, widths=WIDTHS,
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
                         "correct": {"type": "tickCross", "allowEmpty": True}},
             # no cell tooltips: Tabulator writes a tooltip's text as HTML, and a completion is model output
@@ -112,6 +123,13 @@ class RolloutTable(pn.viewable.Viewer):
         self._sort: tuple[str, bool] | None = None  # (column, descending); None: newest first
         self._slider = pn.widgets.EditableRangeSlider.from_param(self.param.reward_range, name="Reward",
                                                                  step=0.05, sizing_mode="stretch_width")
+        # shown only when the store holds agent trajectories (as is the table's turns column)
+        self._trajectory_filters = pn.Column(
+            pn.widgets.IntInput.from_param(self.param.min_turns, name="Turns (at least)", sizing_mode="stretch_width"),
+            pn.widgets.Select.from_param(self.param.tool, name="Tool used", sizing_mode="stretch_width"),
+            pn.widgets.RadioButtonGroup.from_param(self.param.tool_failures, name="Tool failures", color="light",
+                                                   sizing_mode="stretch_width"),
+            visible=False, sizing_mode="stretch_width", margin=0, css_classes=["trajectory-filters"])
         self._table.param.watch(self._on_select, "selection")
         self._table.param.watch(self._on_sort, "sorters")  # a header click: the store sorts every row, not the page
         self.controls = pn.Column(
@@ -122,6 +140,7 @@ class RolloutTable(pn.viewable.Viewer):
                                                    color="light", sizing_mode="stretch_width"),
             self._slider,
             self._step_pick,
+            self._trajectory_filters,
             pn.widgets.TextInput.from_param(self.state.param.branches_of, name="Branches of rollout",
                                             placeholder="rollout id (set from the fork panel)",
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
@@ -154,6 +173,7 @@ class RolloutTable(pn.viewable.Viewer):
         found[("reward_bounds",)] = queries.reward_bounds(st.store)
         run_id = self._run_ids.get(self.run)
         found[("train_steps", run_id)] = train_steps(st.store, run_id)
+        found[("trajectories",)] = self._trajectories()
         f = self.current_filter()
         key = self._rows_key(f, self.page)
         found[key] = rows, n_rows = self._read(key)
@@ -188,8 +208,22 @@ class RolloutTable(pn.viewable.Viewer):
         """Label -> run id of every run, as the run picker lists them (the run labels preloaded under ``("run_labels",)``)."""
         return run_labels(queries.runs(self.state.store))
 
+    def _trajectories(self) -> tuple[bool, list[str]]:
+        """Whether the store holds agent trajectories, and the tools they called."""
+        store = self.state.store
+        return (True, tools_used(store)) if has_trajectories(store) else (False, [])
+
     def _update_choices(self) -> None:
         st = self.state
+        any_trajectory, tools = st.preloaded(("trajectories",), self._trajectories)
+        if [ANY_TOOL, *tools] != self.param.tool.objects:
+            self.param.tool.objects = [ANY_TOOL, *tools]
+        if self.tool not in self.param.tool.objects:
+            self.tool = ANY_TOOL
+        self._trajectory_filters.visible = any_trajectory
+        hidden = ["rollout_id", "group_id"] + ([] if any_trajectory else ["turns"])
+        if hidden != self._table.hidden_columns:
+            self._table.hidden_columns = hidden
         current = self._run_ids.get(self.run)
         labels = st.preloaded(("run_labels",), self._run_labels)
         if labels != self._run_ids:  # the same runs: the picker's options are not sent again
@@ -247,6 +281,9 @@ class RolloutTable(pn.viewable.Viewer):
             reward_min=None if lo <= blo else lo, reward_max=None if hi >= bhi else hi,
             branches_of=self.state.branches_of.strip() or None,
             train_step=self.state.train_step,
+            min_turns=self.min_turns if self.min_turns > 1 else None,
+            tool=None if self.tool == ANY_TOOL else self.tool,
+            tool_errors=TOOL_FAILURES[self.tool_failures],
         )
 
     @param.depends("state.jump_run", watch=True)
@@ -259,7 +296,8 @@ class RolloutTable(pn.viewable.Viewer):
         if label is not None:
             self.run = label
 
-    @param.depends("run", "prompt_contains", "correctness", "reward_range", "state.branches_of", "state.estimator",
+    @param.depends("run", "prompt_contains", "correctness", "min_turns", "tool", "tool_failures", "reward_range",
+                   "state.branches_of", "state.estimator",
                    "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
                    "state.train_step", watch=True)
     def _reload(self) -> None:
@@ -377,16 +415,32 @@ def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
     """A page's rows as the table shows them (made where the page is read: after new rows, on the
     preload thread, not on the event loop that serves every page), the rule versions of their rewards
     in ``attrs["versions"]`` (the line above the rows names them)."""
+    turns = [turns_label(*c) for c in zip(rows["n_turns"], rows["n_tool_calls"], rows["n_tool_errors"], strict=True)]
     df = rows.reindex(columns=COLUMNS).reset_index(drop=True)
+    df["turns"] = pd.Series(turns, dtype=object)
     df["correct"] = [None if pd.isna(x) else bool(x) for x in df["correct"]]  # blank: nothing to check against
     df["correct"] = df["correct"].astype(object)
     source = rows.attrs.get("reward_source")
     df.attrs["versions_note"] = source.note if source is not None else None
     df.attrs["versions"] = tuple(dict.fromkeys(rows["version"].dropna()))
     df["fork_pos"] = ["" if pd.isna(x) else f"↳ {int(x)}" for x in df["fork_pos"]]  # branches only
-    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos"):  # plain objects: Panel's row takes
+    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "turns"):  # plain objects: Panel's row takes
         df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
     return df
+
+
+def turns_label(n_turns, n_calls, n_errors) -> str:
+    """A row's turns cell: ``3·2⚙·1✗`` (turns, tool calls, failed calls; the zeros left out), narrow
+    enough for the table's card beside the sidebar.
+
+    >>> turns_label(5, 2, 1), turns_label(3, 1, 0), turns_label(None, None, None)
+    ('5·2⚙·1✗', '3·1⚙', '1')
+    """
+    def count(v, default: int) -> int:
+        return default if v is None or pd.isna(v) else int(v)
+
+    calls, errors = count(n_calls, 0), count(n_errors, 0)
+    return "·".join([str(count(n_turns, 1))] + ([f"{calls}⚙"] if calls else []) + ([f"{errors}✗"] if errors else []))
 
 
 def _versions_line(versions: tuple[str, ...]) -> str:

@@ -465,18 +465,18 @@ class TokenStrip(pn.viewable.Viewer):
         version = "" if not vid or pd.isna(vid) else f' <span class="version" title="the reward version shown">({esc(vid)})</span>'
         finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
         trajectory = is_trajectory(toks) or (toks.empty and (ro.get("n_turns") or 1) > 1)
-        tturns, trew, tadv = preloaded(("trajectory", s.rollout_id, s.refresh), lambda: trajectory_reads(
-            s.store, s.rollout_id)) if trajectory else (None, None, None)  # its turns, their rewards and advantages
+        traj = preloaded(("trajectory", s.rollout_id, s.rule_version or None, s.refresh), lambda: trajectory_reads(
+            s.store, s.rollout_id, s.rule_version or None)) if trajectory else None  # turns, rewards, advantages
         header = (
             f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(clipped(prompt.text, 48))}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b>{version}</span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'
             f'{comps}<span>{len(toks)} tokens{finish} · <b>{n_forks}</b> unsure'
             f'{f" · <b>{n_pivotal}</b> pivotal" if n_pivotal else ""}</span>{branch}'
-            f'{step_line}{facts_html(tturns) if trajectory else ""}</div>')
+            f'{step_line}{facts_html(traj.turns) if trajectory else ""}</div>')
         if trajectory:
-            legend += turn_legend_html(trew, bool(tadv))
+            legend += turn_legend_html(traj)
         if toks.empty and trajectory:  # imported as text: each turn's text
-            return legend, header, trajectory_html(turns, tturns, np.zeros(0), None, trew, tadv)
+            return legend, header, trajectory_html(turns, traj, np.zeros(0), None)
         if toks.empty:  # imported as text only: show the text; Enrich fills its tokens
             text = ro.get("text")
             body = (f'<div class="strip plain-text">{esc(text)}</div>' if isinstance(text, str) and text
@@ -497,7 +497,7 @@ class TokenStrip(pn.viewable.Viewer):
                               think=_within(think, a, b), answer=_within(answer, a, b), explored=explored)
 
         marks = MARKS_KEY if think is not None or answer is not None else ""
-        body = trajectory_html(turns, tturns, toks["pos"].to_numpy(), draw, trew, tadv) if trajectory \
+        body = trajectory_html(turns, traj, toks["pos"].to_numpy(), draw) if trajectory \
             else conversation_html(turns, draw())
         return legend + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note, header, body
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from studio.queries import credit
 from studio.queries.turns import turn_rewards_of, turns_of
 from studio.store import Store
 
@@ -40,15 +41,35 @@ TURN_ADVANTAGE_SCALE = replace(SCALES["advantage"], name="turn-advantage", label
                                     "(the credit panel's per-turn settings)")
 PRETTY_MAX = 4000  # arguments longer than this are shown as written (pretty JSON of a huge call only adds lines)
 
-MASKED_KEY = ('<div class="legend turn-key"><span class="masked-swatch"></span><span>tool response: masked '
-              '(not trained, no statistics)</span><span class="failed-swatch"></span><span>failed tool call</span>'
-              '<span class="call-swatch"></span><span>tool call</span></div>')
+MASKED_KEY = ('<div class="legend turn-key"><span class="key"><span class="masked-swatch"></span>tool response: masked '
+              '(not trained, no statistics)</span><span class="key"><span class="failed-swatch"></span>failed call</span>'
+              '<span class="key"><span class="call-swatch"></span>tool call</span></div>')
 
 
-def trajectory_reads(store: Store, rollout_id: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[int, float]]:
-    """What the strip shows of a trajectory besides its tokens: its turns, its per-turn rewards (every
-    source), and each assistant turn's advantage."""
-    return turns_of(store, rollout_id), turn_rewards_of(store, [rollout_id]), {}
+@dataclass
+class TrajectoryReads:
+    """What the strip shows of a trajectory besides its tokens (:func:`trajectory_reads`)."""
+
+    turns: pd.DataFrame  # studio.queries.turns.turns_of
+    rewards: pd.DataFrame  # its turn_rewards rows, every source
+    advantages: dict[int, float]  # assistant turn index -> its turn advantage (under ``source``)
+    source: str | None  # the per-turn reward source the advantages come from (None: no per-turn rewards)
+
+
+def trajectory_reads(store: Store, rollout_id: str, rule_version_id: str | None = None) -> TrajectoryReads:
+    """A trajectory's turns, per-turn rewards, and each assistant turn's advantage over its group
+    (``studio.queries.credit.turn_advantages``, default settings) from one source: the shown rule
+    version when it gave per-turn rewards, else the first source by name."""
+    rewards = turn_rewards_of(store, [rollout_id])
+    sources = sorted(set(rewards["source"]))
+    if not sources:
+        return TrajectoryReads(turns_of(store, rollout_id), rewards, {}, None)
+    source = rule_version_id if rule_version_id in sources else sources[0]
+    adv = credit.turn_advantages(store, rollout_id, source, rule_version_id=rule_version_id)
+    acting = adv[adv["role"] == "assistant"]
+    return TrajectoryReads(turns_of(store, rollout_id), rewards,
+                           dict(zip(acting["turn_idx"].astype(int), acting["advantage"].astype(float), strict=True)),
+                           source)
 
 
 def is_trajectory(tokens: pd.DataFrame) -> bool:
@@ -109,14 +130,14 @@ def bars_html(rewards: dict[str, float], advantage: float | None) -> str:
     return f'<div class="turn-bars">{"".join(bars)}</div>' if bars else ""
 
 
-def legend_html(turn_rewards: pd.DataFrame, advantages: bool) -> str:
+def legend_html(reads: TrajectoryReads) -> str:
     """The trajectory's keys: masked / failed / call blocks, and the bars' scales when there are bars."""
     out = MASKED_KEY
-    if len(turn_rewards):
-        sources = ", ".join(dict.fromkeys(turn_rewards["source"]))
+    if len(reads.rewards):
+        sources = ", ".join(sorted(set(reads.rewards["source"])))
         out += replace(TURN_SCALE, label=f"turn reward · {sources}").legend_html(compact=True)
-    if advantages:
-        out += TURN_ADVANTAGE_SCALE.legend_html(compact=True)
+    if reads.advantages:
+        out += replace(TURN_ADVANTAGE_SCALE, label=f"turn advantage · {reads.source}").legend_html(compact=True)
     return out
 
 
@@ -128,28 +149,26 @@ def facts_html(turns: pd.DataFrame) -> str:
     return f'<span class="traj-facts"><b>{len(turns)}</b> turns · <b>{n_calls}</b> tool calls{failed}</span>'
 
 
-def trajectory_html(prompt_turns: list[dict[str, str]], turns: pd.DataFrame, positions: np.ndarray,
-                    draw: Callable[[int, int], str] | None, turn_rewards: pd.DataFrame,
-                    advantages: dict[int, float] | None = None) -> str:
+def trajectory_html(prompt_turns: list[dict[str, str]], reads: TrajectoryReads, positions: np.ndarray,
+                    draw: Callable[[int, int], str] | None) -> str:
     """The whole conversation: the prompt's turns, then each turn of the completion in order.
 
-    ``turns``: the rollout's rows of ``studio.queries.turns.turns_of``; ``positions``: its tokens'
-    ``pos`` in order; ``draw(a, b)``: the strip of token rows ``a .. b-1`` (an assistant turn's
-    tokens), None when the rollout has no tokens (imported as text: each turn's text is shown);
-    ``turn_rewards``: its ``turn_rewards`` rows; ``advantages``: turn index → turn advantage.
+    ``reads``: its turns, per-turn rewards and turn advantages; ``positions``: its tokens' ``pos`` in
+    order; ``draw(a, b)``: the strip of token rows ``a .. b-1`` (an assistant turn's tokens), None
+    when the rollout has no tokens (imported as text: each turn's text is shown).
     """
     rewards: dict[int, dict[str, float]] = {}
-    for k, src, v in zip(turn_rewards["turn_idx"], turn_rewards["source"], turn_rewards["value"], strict=True):
+    r = reads.rewards
+    for k, src, v in zip(r["turn_idx"], r["source"], r["value"], strict=True):
         rewards.setdefault(int(k), {})[str(src)] = None if pd.isna(v) else float(v)
-    advantages = advantages or {}
     rows = [turn_rows_html(prompt_turns)]
-    for t in turns.itertuples(index=False):
+    for t in reads.turns.itertuples(index=False):
         k = int(t.turn_idx)
         name, args, content, error = (None if pd.isna(v) else str(v) for v in (t.tool_name, t.tool_args, t.content, t.error))
         has_tokens = not (pd.isna(t.start_pos) or pd.isna(t.end_pos))
         a, b = (int(np.searchsorted(positions, int(t.start_pos))), int(np.searchsorted(positions, int(t.end_pos)))) \
             if has_tokens else (0, 0)
-        bars = bars_html(rewards.get(k, {}), advantages.get(k) if t.role == "assistant" else None)
+        bars = bars_html(rewards.get(k, {}), reads.advantages.get(k) if t.role == "assistant" else None)
         if t.role == "tool":
             body = reply_html(name, content, error, b - a if has_tokens else None)
         elif t.role == "assistant":

@@ -223,10 +223,11 @@ a.link, .link { color:var(--accent); cursor:pointer; text-decoration:underline d
 .tb-fill { position:absolute; top:0; bottom:0; border-radius:1px; }
 .tb-val { font-family:'DejaVu Sans Mono', monospace; font-weight:700; color:#212529; min-width:3.2em; }
 .tbar.none .tb-val { color:#adb5bd; font-weight:400; }
+.turn-key .key { white-space:nowrap; display:inline-flex; align-items:center; gap:4px; margin-right:8px; }
 .masked-swatch, .failed-swatch, .call-swatch { display:inline-block; width:14px; height:10px; border-radius:2px; }
 .masked-swatch { background:#e9ecef; border:1px dashed #adb5bd; }
-.failed-swatch { background:#fff5f5; border-left:3px solid #e03131; margin-left:8px; }
-.call-swatch { background:#f8f9ff; border-left:3px solid #5c7cfa; margin-left:8px; }
+.failed-swatch { background:#fff5f5; border-left:3px solid #e03131; }
+.call-swatch { background:#f8f9ff; border-left:3px solid #5c7cfa; }
 .traj-chips { font-size:11px; color:#495057; display:flex; gap:8px; flex-wrap:wrap; margin:0 0 3px 0; }
 .traj-chips b { color:#212529; }
 """ % {"accent": ACCENT}
