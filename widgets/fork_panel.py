@@ -6,7 +6,9 @@ and a branch count N: the worker continues from the prefix with each choice forc
 scores every continuation with the reward rule, and the tree below shows each branch's
 completions, reward distribution and mean reward (the value of that choice). Forks whose
 branch values differ by at least ``PIVOTAL_SPREAD`` are flagged pivotal. Any branch can
-be opened in the token strip and branched again.
+be opened in the token strip and branched again. In an agent trajectory any token of an
+assistant turn branches (the agent loop continues, tools run again); a token of a tool
+response is the environment's, not the policy's: the panel says so instead of offering choices.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import param
 from studio import queries, workers
 from studio.queries import forks, lookups
 from studio.rewards import rules
-from studio.runs.branch import BranchConfig, BranchError, NoPolicyError, branch
+from studio.runs.branch import BranchConfig, BranchError, NoPolicyError, branch, masked_fork
 from studio.store import StoreError
 from studio.workers.vocab import decode_ids, policy_label
 from widgets.forms import parameter
@@ -229,8 +231,13 @@ class ForkPanel(pn.viewable.Viewer):
         try:
             ro = queries.rollout(st.store, st.rollout_id)
             tok = lookups.token_at(st.store, st.rollout_id, st.fork_pos)
+            refused = masked_fork(st.store, st.rollout_id, st.fork_pos)
         except StoreError as exc:
             self._head.object = banner("error", str(exc))
+            return
+        if refused:  # a tool response's token: the policy did not write it, there is nothing to branch on
+            self._form.visible = False
+            self._head.object = banner("warn", refused)
             return
         if ro is None or tok.empty:
             self._form.visible = False

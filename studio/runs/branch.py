@@ -9,6 +9,12 @@ Q(prefix, token) (:func:`studio.queries.forks.forks` reads them back).
 Branch rollouts are ordinary rollouts with ``parent_rollout_id``, ``fork_pos`` and
 ``forced_token_id`` (NULL when the token was drawn again); one request is one run (kind
 ``branch``) and one group, so GRPO advantages compare the continuations of one fork.
+
+A rollout of a task with tools (an agent trajectory) branches through the agent loop
+(``backends.agent.branch_agent``): the turns before the fork are kept as they were (tool turns
+included), the assistant turn the fork falls in continues, and the loop runs on: later calls
+run the tools again. Only the policy's own tokens can be forked: a token of a tool response
+(``tokens.trained`` false) is refused, saying so.
 """
 from __future__ import annotations
 
@@ -23,11 +29,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from backends import PolicyLoadError, check_policy_folder
+from backends import PolicyLoadError, Turn, check_policy_folder
 from studio import queries, workers
 from studio.configs import problems, setting
 from studio.errors import StudioError
 from studio.queries.forks import depth_of
+from studio.queries.turns import turns_of
 from studio.rewards import Rule, default_rule, rule_version_frame, score_frame
 from studio.store import Store
 from studio.store.records import generation_rows, prompt_rows
@@ -59,6 +66,8 @@ class BranchConfig:
     max_new_tokens: int | None = setting(None, "longest completion, prefix included; none: the parent run's "
                                                "setting (48 if it has none)", 1, 4096)
     seed: int | None = setting(None, "seed of the continuations; none draws one (recorded in the run's config)")
+    max_turns: int | None = setting(None, "agent trajectories: most tool calls in a branch, the prefix's included; "
+                                          "none: the parent run's setting (8 if it has none)", 1, 64)
 
     def validate(self, n_choices: int = 1) -> None:
         bad = problems(self)
@@ -84,6 +93,9 @@ class BranchPlan:
     depth: int
     config: BranchConfig
     policy_input: str | dict = ""  # what the policy continues: the parent's exact prompt text, or its chat
+    agent: bool = False  # the parent's task has tools: the branches continue the agent loop
+    prefix_mask: list[bool] | None = None  # agent: the loss mask of the prefix (False on tool-response tokens)
+    prefix_turns: list[Turn] | None = None  # agent: the parent's turns (those before the fork are kept)
 
 
 @dataclass
@@ -111,12 +123,22 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     parent = queries.rollout(store, rollout_id)
     if parent is None:
         raise BranchError(f"rollout {rollout_id} is not in this store")
-    toks = store.df(f"SELECT pos, token_id, token_text FROM {store.tokens_between(rollout_id, rollout_id)} "
-                    "WHERE rollout_id = ? ORDER BY pos", [rollout_id])
+    toks = store.df(f"SELECT pos, token_id, token_text, coalesce(trained, true) AS trained "
+                    f"FROM {store.tokens_between(rollout_id, rollout_id)} WHERE rollout_id = ? ORDER BY pos",
+                    [rollout_id])
     if toks.empty:
         raise BranchError(f"rollout {rollout_id} has no stored tokens to branch from")
     if not 0 <= fork_pos < len(toks):
         raise BranchError(f"fork position {fork_pos} is outside the rollout's {len(toks)} tokens (0-{len(toks) - 1})")
+    turns = turns_of(store, rollout_id)
+    if not toks["trained"].iloc[fork_pos]:
+        raise BranchError(masked_fork_message(turns, fork_pos))
+    task = get_task(parent["task"])
+    agent = bool(getattr(task, "tools", None))
+    if not agent and (turns["role"] == "tool").any():
+        raise BranchError(f"rollout {rollout_id} is an agent trajectory of task {parent['task']!r}, which has no "
+                          "tools to run again: branching continues the agent loop, so it needs the task whose "
+                          "tools made it")
     depth = depth_of(store, rollout_id) + 1
     if depth > MAX_DEPTH:
         raise BranchError(f"this would be a branch {depth} forks deep; branches nest at most {MAX_DEPTH} deep. "
@@ -137,14 +159,17 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     except PolicyLoadError as exc:
         raise NoPolicyError(f"rollout {rollout_id} names policy {label!r}, which cannot be loaded here: {exc}. "
                             "Attach the policy folder that made it to branch") from None
-    if config.max_new_tokens is None:
+    if config.max_new_tokens is None or (agent and config.max_turns is None):
         try:
             run_cfg = json.loads(store.scalar("SELECT config FROM runs WHERE run_id = "
                                               "(SELECT run_id FROM rollouts WHERE rollout_id = ?)",
                                               [rollout_id]) or "{}")
         except (TypeError, ValueError):
             run_cfg = {}
-        config = replace(config, max_new_tokens=max(int(run_cfg.get("max_new_tokens") or 48), len(toks)))
+        if config.max_new_tokens is None:
+            config = replace(config, max_new_tokens=max(int(run_cfg.get("max_new_tokens") or 48), len(toks)))
+        if agent and config.max_turns is None:
+            config = replace(config, max_turns=int(run_cfg.get("max_turns") or 8))
     if fork_pos + 1 > config.max_new_tokens:
         raise BranchError(f"the fork is at token {fork_pos} but completions stop at {config.max_new_tokens} tokens")
     if config.seed is None:
@@ -153,7 +178,41 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     return BranchPlan(parent=parent, fork_pos=fork_pos, choices=choices,
                       prefix_ids=[int(i) for i in prefix["token_id"]], prefix_text="".join(prefix["token_text"]),
                       policy_path=folder if isinstance(folder, str) else Path(folder).expanduser().resolve(),
-                      depth=depth, config=config, policy_input=_policy_input(store, parent))
+                      depth=depth, config=config, policy_input=_policy_input(store, parent), agent=agent,
+                      prefix_mask=[bool(m) for m in prefix["trained"]] if agent else None,
+                      prefix_turns=_turn_records(turns) if agent else None)
+
+
+def masked_fork_message(turns: pd.DataFrame, fork_pos: int) -> str:
+    """Why a fork at ``fork_pos``, a token the policy did not write, is refused (``turns``: the
+    rollout's turns as :func:`studio.queries.turns.turns_of` reads them)."""
+    at = turns[(turns["start_pos"] <= fork_pos) & (turns["end_pos"] > fork_pos)]
+    if at.empty:
+        where = "is not trained (masked)"
+    else:
+        role, idx = at["role"].iloc[0], int(at["turn_idx"].iloc[0])
+        where = f"is in a tool response (turn {idx})" if role == "tool" else f"is in a {role} turn (turn {idx})"
+    return (f"token {fork_pos} {where}: the policy did not write it; branch at a token of an assistant turn")
+
+
+def masked_fork(store: Store, rollout_id: str, fork_pos: int) -> str | None:
+    """Why ``rollout_id`` cannot be branched at ``fork_pos`` because the policy did not write that
+    token (a tool response's: masked), or None when it did (the fork panel says so on a click)."""
+    trained = store.scalar(f"SELECT coalesce(trained, true) FROM {store.tokens_between(rollout_id, rollout_id)} "
+                           "WHERE rollout_id = ? AND pos = ?", [rollout_id, fork_pos])
+    if trained is None or trained:
+        return None
+    return masked_fork_message(turns_of(store, rollout_id), fork_pos)
+
+
+def _turn_records(turns: pd.DataFrame) -> list[Turn]:
+    """The stored turns as the agent loop takes them."""
+    def val(v):
+        return None if pd.isna(v) else v
+
+    return [Turn(r.role, None if pd.isna(r.start_pos) else int(r.start_pos),
+                 None if pd.isna(r.end_pos) else int(r.end_pos), r.content or "", val(r.tool_name), val(r.tool_args),
+                 val(r.tool_call_id), val(r.error)) for r in turns.itertuples(index=False)]
 
 
 def _policy_input(store: Store, parent: dict) -> str | dict:
@@ -210,8 +269,13 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
     kwargs = {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
               "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k_stats": 5}
     try:
-        fut = executor.submit(workers.branch_job, str(plan.policy_path), plan.policy_input, plan.prefix_ids,
-                              plan.prefix_text, plan.choices, kwargs)
+        if plan.agent:  # the agent loop continues from the fork: its tools run in the worker's sandbox
+            fut = executor.submit(workers.agent_branch_job, str(plan.policy_path), task.spec, plan.policy_input,
+                                  plan.prefix_ids, plan.prefix_text, plan.prefix_mask, plan.prefix_turns,
+                                  plan.choices, {**kwargs, "max_turns": cfg.max_turns})
+        else:
+            fut = executor.submit(workers.branch_job, str(plan.policy_path), plan.policy_input, plan.prefix_ids,
+                                  plan.prefix_text, plan.choices, kwargs)
         gens, version, result.device = await _await(fut, cancel)
         if gens is None:
             result.status = "cancelled"
