@@ -3,7 +3,9 @@ trainer's functions, and end to end from the store's ``trained`` column), and a 
 mini-run stores its trajectories' turns, masked tokens with weight 0 and the agent metrics."""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -143,3 +145,65 @@ def test_a_tool_token_inside_a_trajectory_gets_zero_gradient_and_its_nan_statist
     _, finite = _step_grads(model, p_ids, c_ids, masks, adv, pad, old=old)
     assert all(torch.equal(a, b) for a, b in zip(with_nan, finite, strict=True))
     assert all(torch.isfinite(g).all() for g in with_nan)
+
+
+# ---------------------------------------------------------------------------- the mask end to end
+
+DATA = Path(__file__).parent / "data" / "imports"
+
+
+def test_an_imported_trajectory_s_tool_tokens_are_stored_untrained_weigh_0_and_get_zero_gradient(empty_store,
+                                                                                                 chat_policy):
+    """verl's agent loop dump (``response_mask`` 0 on tool tokens) → the store's ``trained`` column →
+    the strip's ``weight`` channel 0 there → the trainer's mask, the batch built from the stored rows:
+    changing a tool token's target changes no gradient at all; unmasked, the same change does."""
+    from backends.trainer import _whole_logits
+    from studio.ingest.importers import import_run
+    from studio.queries import reads
+    from widgets.token_strip import channel_values
+
+    store = empty_store
+    path = DATA / "verl_agent_loop.jsonl"
+    import_run(store, path, "verl-agent", tokenizer="sample-chat")
+    rows = store.df("SELECT rollout_id, coalesce(prompt_text, p.text) AS prompt FROM rollouts JOIN prompts p "
+                    "USING (prompt_id) ORDER BY sample_idx, rollout_id")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    masks = {tuple(r["response_ids"]): np.array(r["response_mask"], dtype=bool) for r in records}
+    model, tok = chat_policy.model, chat_policy.tokenizer
+    p_ids, c_ids, trained = [], [], []
+    for rid, prompt in rows.itertuples(index=False):
+        t = reads.tokens(store, rid)
+        ids, mask = t["token_id"].tolist(), t["trained"].to_numpy(dtype=bool)
+        assert (mask == masks[tuple(ids)]).all()  # stored as the framework masked it
+        weight = channel_values(t, "weight", advantage=1.5, fork_threshold=0.0)
+        assert all(w == 0.0 for w, m in zip(weight, mask, strict=True) if not m)
+        assert t.loc[~mask, "logprob"].isna().all()  # verl's 0.0 padding on tool tokens is not a log-prob
+        p_ids.append(tok(prompt, add_special_tokens=False)["input_ids"])
+        c_ids.append(ids)
+        trained.append(mask)
+    assert sum(int((~mask).sum()) for mask in trained) > 20  # tool tokens, in the middle of trajectories
+    C = max(map(len, c_ids))
+    m = torch.zeros(len(c_ids), C)
+    for b, mask in enumerate(trained):
+        m[b, :len(mask)] = torch.from_numpy(mask.astype(np.float32))
+    adv = torch.linspace(-1.0, 1.0, len(c_ids))
+
+    targets, every = torch.zeros(len(c_ids), C, dtype=torch.long), torch.zeros(len(c_ids), C)
+    for b, ids in enumerate(c_ids):
+        targets[b, :len(ids)], every[b, :len(ids)] = torch.tensor(ids), 1.0
+
+    def grads(targets: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+        """One step's parameter gradients, the stored tokens as the context, ``targets`` as what is scored."""
+        model.zero_grad(set_to_none=True)
+        logits, _, _ = _whole_logits(model, p_ids, c_ids, C, tok.pad_token_id or 0, "cpu")  # [B, C, V]
+        logps = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)  # [B, C]
+        policy_loss(logps, logps.detach(), adv, mask)[0].backward()
+        return _grads(model)
+
+    other = targets.clone()
+    other[m == 0] = (other[m == 0] + 5) % len(tok)  # every tool token's target another token
+    base = grads(targets, m)
+    assert all(torch.equal(a, b) for a, b in zip(base, grads(other, m), strict=True))
+    assert max(g.abs().max().item() for g in base) > 1e-4
+    # unmasked (every token trained), the same change does change them
+    assert not all(torch.equal(a, b) for a, b in zip(grads(targets, every), grads(other, every), strict=True))
