@@ -143,10 +143,11 @@ class CurationPanel(LazyView):
         self._filetype = pn.widgets.Select(name="file", options=list(FILETYPES), value="jsonl", width=90,
                                            css_classes=["export-filetype"])
         self._kinds = pn.widgets.Select(name="pairs", options={"every kind": "", "completion pairs": "completion",
-                                                               "step pairs (fork siblings)": "step"},
+                                                               "step pairs (fork siblings)": "step",
+                                                               "turn pairs (trajectories)": "turn"},
                                         value="", width=190, css_classes=["export-kinds"],
-                                        description="which accepted pairs to export; the conversational style "
-                                                    "takes completion pairs only (a message cannot end mid-answer)")
+                                        description="which accepted pairs to export; conversational, a turn pair's "
+                                                    "shared turns end the prompt (tool calls and tool messages kept)")
         self._skip_stale = pn.widgets.Checkbox(name="leave stale pairs out", value=False, css_classes=["export-skip"])
         self._export = pn.widgets.Button(name="Export accepted", color="primary", width=150,
                                          css_classes=["export-button"])
@@ -346,7 +347,7 @@ class CurationPanel(LazyView):
     def _pair_html(self, pair: dict) -> str:
         st = self.state
         toks = queries.tokens_of(st.store, [pair["chosen_rollout_id"], pair["rejected_rollout_id"]])
-        k = int(pair["prefix_tokens"]) if pair["kind"] == "step" and pd.notna(pair["prefix_tokens"]) else 0
+        k = int(pair["prefix_tokens"]) if pair["kind"] != "completion" and pd.notna(pair["prefix_tokens"]) else 0
         channel = st.channel if st.channel in ("logprob", "entropy") else "entropy"
         sides = []
         for side in ("chosen", "rejected"):
@@ -360,7 +361,7 @@ class CurationPanel(LazyView):
                 f'{"–" if reward is None or reward != reward else f"{reward:.3f}"}</h4>{strip}'
                 f'{components_html(pair[f"{side}_components"])}</div>')
         prefix = (f'<span class="pair-prefix" title="the prefix both continuations share">{esc(pair["prefix"])}</span>'
-                  if pair["kind"] == "step" and _s(pair["prefix"]) else "")
+                  if pair["kind"] != "completion" and _s(pair["prefix"]) else "")
         stale = banner("warn", f"stale: {_s(pair['stale_detail']) or 'a rollout was deleted or re-scored'}; it is "
                                "refused by exports: build the rule again (a re-scored pair takes the new rewards), reject it, or tick 'leave stale pairs out'") if _s(pair.get("stale")) else ""
         margin = pair["margin"]
