@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from backends import Generation, Turn
+from studio import queries
 from studio.queries import credit
 from studio.queries.turns import turn_reward_sources, turn_rewards_of
 from studio.rewards import rules
@@ -227,3 +228,49 @@ def test_a_turn_reward_that_raises_is_the_rollout_s_error(trajectories):
 def test_check_source_validates_turn_reward():
     probs = rules.source_problems("def reward(p, c, g, s, **k):\n    return 1\n\ndef turn_reward(turn):\n    return 0\n")
     assert [str(p) for p in probs] == ["line 4: turn_reward takes (prompt, turn, gold, **ctx)"]
+
+
+# ---------------------------------------------------------------------------- information gain per turn
+
+def test_information_gain_per_turn_equals_direct_probabilities(seeded_store):
+    """A stored rollout of the sample task made a trajectory: its first step an assistant turn, the
+    next step a tool's response (masked), the rest the answer turn. IG per turn from the worker
+    equals P(gold | prefix) differences computed here with score_batch on the sample policy."""
+    from backends import load_policy
+    from backends.policy import score_batch
+    from sample_data import POLICY_DIR
+    from studio.runs.credit_models import turn_information_gain
+    from studio.workers.sync import run_sync
+
+    store = seeded_store
+    rid = store.scalar("SELECT rollout_id FROM rollouts WHERE text LIKE '%;%;%' AND finish_reason = 'stop' "
+                       "AND correct ORDER BY rollout_id LIMIT 1")
+    tok = store.df("SELECT pos, token_id, token_text, step_idx FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid])
+    a = int(tok.index[tok["step_idx"] == 0][-1]) + 1  # turn 0: step 1 with its ';'
+    b = int(tok.index[tok["step_idx"] == 1][-1]) + 1  # turn 1: step 2, as if a tool had written it
+    n = len(tok)
+    store.write({"turns": pd.DataFrame({"rollout_id": rid, "turn_idx": [0, 1, 2], "role": ["assistant", "tool",
+                                                                                            "assistant"],
+                                        "start_pos": [0, a, b], "end_pos": [a, b, n]})})
+    with store.transaction() as cur:
+        cur.execute("UPDATE token_rows SET trained = pos NOT BETWEEN ? AND ? WHERE rollout_id = ?", [a, b - 1, rid])
+    source = run_sync(turn_information_gain, store, POLICY_DIR, [rid])
+    got = turn_rewards_of(store, [rid], [source])
+
+    row = store.df("SELECT p.text AS prompt, p.gold FROM rollouts ro JOIN prompts p USING (prompt_id) "
+                   "WHERE rollout_id = ?", [rid]).iloc[0]
+    gold = queries.prompt_of_row({"prompt": row["prompt"], "gold": row["gold"]}).gold["answer"]
+    policy = load_policy(POLICY_DIR)
+    ans = policy.tokenizer(f"A:{gold}", add_special_tokens=False)["input_ids"]
+    ids = tok["token_id"].astype(int).tolist()
+    # P(gold | prompt) and P(gold | prompt, turn 0 and the tool's response after it): the answer's tokens
+    # teacher-forced after the stored ids
+    gens = score_batch(policy.model, policy.tokenizer, [row["prompt"]] * 2, [ans, ids[:b] + ans])
+    p0, p1 = (float(np.exp(g.logprobs[-len(ans):].sum())) for g in gens)
+    # the answer turn: the rollout is correct, so P = 1 after it
+    assert got["turn_idx"].tolist() == [0, 2]
+    assert got["value"].tolist() == pytest.approx([p1 - p0, 1.0 - p1], abs=1e-4)
+    assert 0 < p0 < 1 and 0 < p1 < 1
+    # a second call computes nothing new and stores no duplicates
+    run_sync(turn_information_gain, store, POLICY_DIR, [rid])
+    assert store.scalar("SELECT count(*) FROM turn_rewards WHERE source = ?", [source]) == 2

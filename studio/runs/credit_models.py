@@ -2,6 +2,8 @@
 
 - :func:`information_gain` (IGPO): the change in P(gold answer) step by step, teacher-forced
   with the policy → ``step_rewards`` (source ``ig-<policy version>``).
+- :func:`turn_information_gain` (IGPO over an agent trajectory's turns): the change in
+  P(gold answer) turn by turn → ``turn_rewards`` (source ``ig-<policy version>``).
 - :func:`prm_steps`: a process reward model's score of each step prefix → ``step_rewards``
   (source ``prm-<version>``).
 - :func:`critic_values`: a critic's V(s_t) for every completion token → ``token_scores.value``
@@ -73,6 +75,77 @@ async def information_gain(store: Store, policy_path: str | Path, rollout_ids: l
     if out:
         store.write({"step_rewards": pd.DataFrame(out, columns=["rollout_id", "step_idx", "start_pos", "end_pos",
                                                                  "source", "value"])})
+    return source
+
+
+async def turn_information_gain(store: Store, policy_path: str | Path, rollout_ids: list[str]) -> str:
+    """IGPO per turn (Wang et al. 2025, "Information Gain-based Policy Optimization"): each
+    assistant turn k of a trajectory gets IG_k = P(gold | prompt, turns through k) − P(gold |
+    through the turn before), P teacher-forced with the policy itself: the probability that it
+    writes the gold answer right after the trajectory's stored tokens (its token ids as they
+    are, so a tool response reads exactly as the policy saw it).
+
+    "Through turn k" takes in what the turn's tool call brought back: the prefix ends where the
+    next assistant turn starts (the information a call buys is the call's credit). The first
+    turn is measured against the prompt alone. The answer turn (the last turn of a trajectory
+    that stopped, with a verdict) has P = 1 when the answer is right and 0 when it is wrong (the
+    trajectory has committed to it; IGPO gives the last turn the outcome), so a trajectory's
+    turn values sum to 1[correct] − P(gold | prompt). Stored in ``turn_rewards`` under
+    ``ig-<policy version>``; returns that id. Rollouts it already covers, and rollouts without
+    token ids, are skipped; a rollout without stored turns is one assistant turn.
+    """
+    from studio import workers
+    from studio.queries.reads import tokens_of
+    from studio.queries.turns import turns_of
+
+    rows = store.df("""SELECT ro.rollout_id, ro.prompt_text, p.text AS prompt, p.messages, p.gold, p.task, ro.correct,
+                              ro.finish_reason
+                       FROM rollouts ro JOIN prompts p USING (prompt_id) WHERE list_contains(?, ro.rollout_id)
+                       ORDER BY ro.rollout_id""", [rollout_ids])
+    toks = tokens_of(store, rows["rollout_id"].tolist())
+    turns = {r: g.reset_index(drop=True) for r, g in turns_of(store, rows["rollout_id"].tolist()).groupby("rollout_id")}
+    jobs = []  # (rollout id, assistant turn indices, prompt, prefixes to teacher-force, the answer turn's P or None)
+    for r in rows.itertuples(index=False):
+        t = toks.get(r.rollout_id)
+        if t is None or t["token_id"].isna().any() or r.rollout_id not in turns:
+            continue
+        ids = [int(i) for i in t["token_id"]]
+        texts = ["" if x is None or x != x else x for x in t["token_text"].to_numpy(dtype=object)]
+        tr = turns[r.rollout_id]
+        acting = tr.index[tr["role"] == "assistant"].tolist()
+        if not acting:
+            continue
+        # the answer turn: the trajectory's last turn, written by the policy, in a trajectory that stopped
+        answered = (acting[-1] == len(tr) - 1 and r.finish_reason in ("stop", None) and r.correct is not None
+                    and r.correct == r.correct)
+        cuts = [0] + [int(tr["start_pos"][nxt]) if nxt is not None else len(ids)
+                      for nxt in (next((j for j in acting if j > i), None) for i in acting)]
+        if answered:
+            cuts = cuts[:-1]
+        gold = queries.prompt_of_row({"prompt": r.prompt, "gold": r.gold}).gold
+        prompt = seen_prompt(r.prompt_text, r.prompt, r.messages)
+        answers = [answer_text(r.task, gold, "".join(texts[:c])) for c in cuts]
+        final = (1.0 if bool(r.correct) else 0.0) if answered else None
+        jobs.append((r.rollout_id, [int(tr["turn_idx"][i]) for i in acting], prompt,
+                     [ids[:c] for c in cuts], answers, final))
+    if not jobs:
+        raise ValueError("no trajectory to measure: these rollouts have no token ids (enrich them first)")
+    ex = workers.pool()
+    loop = asyncio.get_running_loop()
+    flat = [(j[2], pre, ans) for j in jobs for pre, ans in zip(j[3], j[4], strict=True)]
+    probs, version = await loop.run_in_executor(None, lambda: ex.submit(
+        workers.answer_prob_job, str(policy_path), [f[0] for f in flat], [f[1] for f in flat],
+        [f[2] for f in flat]).result())
+    source = f"ig-{version}"
+    done = set(store.df("SELECT DISTINCT rollout_id FROM turn_rewards WHERE source = ?", [source])["rollout_id"])
+    out, i = [], 0
+    for rid, turn_idx, _, prefixes, _, final in jobs:
+        p = list(probs[i:i + len(prefixes)]) + ([final] if final is not None else [])
+        i += len(prefixes)
+        if rid not in done:
+            out.extend((rid, k, source, float(p[n + 1] - p[n])) for n, k in enumerate(turn_idx))
+    if out:
+        store.write({"turn_rewards": pd.DataFrame(out, columns=["rollout_id", "turn_idx", "source", "value"])})
     return source
 
 

@@ -157,12 +157,13 @@ def context_length(policy) -> int | None:
     return None
 
 
-def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[str], answers: list[str],
+def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[str | list[int]], answers: list[str],
                     batch_size: int = 32) -> tuple[list[float], str]:
     """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.
 
     The prefix and the answer are tokenized apart (the answer's ids follow the prefix's),
-    so the probability is of exactly the answer's tokens: exp(Σ their log-probs).
+    so the probability is of exactly the answer's tokens: exp(Σ their log-probs). A prefix
+    given as token ids (a trajectory's stored tokens) is read as they are.
     """
     import math
 
@@ -174,7 +175,7 @@ def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[
     ids, n_ans = [], []
     for pre, ans in zip(prefixes, answers, strict=False):
         a = tok(ans, add_special_tokens=False)["input_ids"]
-        ids.append(tok(pre, add_special_tokens=False)["input_ids"] + a)
+        ids.append((pre if isinstance(pre, list) else tok(pre, add_special_tokens=False)["input_ids"]) + a)
         n_ans.append(len(a))
     gens = policy.score(prompts, ids, top_k_stats=1, batch_size=batch_size)
     probs = [math.exp(float(g.logprobs[len(g.logprobs) - n:].sum())) if n else 1.0
