@@ -30,8 +30,8 @@ def sample_agent(model, tokenizer, prompts: list[str], env: AgentEnv | None, n: 
     """Sample ``n`` agent trajectories per prompt (prompt-major, as ``sample_batch``).
 
     Args:
-        env: answers the tool calls; None samples one turn only: a row that closes a call ends
-            there (``finish_reason`` ``turns``), which is what a backend serving a remote agent
+        env: answers the tool calls. None samples one turn only: a row that closes a call ends
+            there (``finish_reason`` ``call``), which is what a backend serving a remote agent
             loop does (``call_end`` then says where a call ends).
         max_turns: tool calls a trajectory may make; a call past them ends it (``turns``).
         max_new_tokens: the completion's budget in tokens, tool responses included (``length``).
@@ -60,9 +60,9 @@ def sample_agent(model, tokenizer, prompts: list[str], env: AgentEnv | None, n: 
 
 @torch.inference_mode()
 def branch_agent(model, tokenizer, prompt: str, prefix_ids: list[int], prefix_mask: list[bool] | None,
-                 prefix_turns: list[Turn] | None, choices: list[int | None], env: AgentEnv, n: int = 1,
+                 prefix_turns: list[Turn] | None, choices: list[int | None], env: AgentEnv | None, n: int = 1,
                  max_turns: int = 8, max_new_tokens: int = 256, temperature: float = 1.0, top_p: float = 1.0,
-                 seed: int = 0, top_k_stats: int = 5) -> list[Generation]:
+                 seed: int = 0, top_k_stats: int = 5, call_end: str | None = None) -> list[Generation]:
     """Continue an agent trajectory from a fork: keep its first ``len(prefix_ids)`` tokens, force
     each choice next (``None``: drawn from the policy), and run the agent loop on (tools run again).
 
@@ -71,7 +71,8 @@ def branch_agent(model, tokenizer, prompt: str, prefix_ids: list[int], prefix_ma
     forward over prompt and prefix, shared by every branch through the KV cache), prefix tool
     tokens (``prefix_mask`` False) none. ``n`` branches per choice, choice-major, ``prompt_index``
     = the choice's index, as ``backends.policy.branch_batch``; ``max_new_tokens`` bounds the whole
-    completion, prefix included, and ``max_turns`` its tool calls, the prefix's included.
+    completion, prefix included, and ``max_turns`` its tool calls, the prefix's included. Without
+    ``env``, each branch ends at its first call (``call_end``), as in :func:`sample_agent`.
 
     Raises:
         ValueError: a fork inside a tool turn, a forced id outside the vocabulary, no choice,
@@ -116,7 +117,7 @@ def branch_agent(model, tokenizer, prompt: str, prefix_ids: list[int], prefix_ma
     past.batch_repeat_interleave(B)
     L = ids.shape[1]
     force = torch.tensor([-1 if c is None else c for c in choices for _ in range(n)], device=device)
-    _loop(model, tokenizer, env, None, rows, stats, past, logits[-1][None].expand(B, -1),
+    _loop(model, tokenizer, env, call_end, rows, stats, past, logits[-1][None].expand(B, -1),
           torch.ones(B, L, dtype=torch.long, device=device), torch.full((B,), L, dtype=torch.long, device=device),
           max_turns, max_new_tokens, temperature, top_p, torch.Generator(device=device).manual_seed(seed), force)
     return _finish(tokenizer, rows, stats)
@@ -153,8 +154,6 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
     stop = set(_stop_ids(model, tokenizer))
     end_text = env.call_end if env is not None else call_end
     call_ids = tokenizer(end_text, add_special_tokens=False)["input_ids"] if end_text else []
-    if env is None:
-        max_turns = 0  # one turn: a closed call ends the row
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     live = torch.arange(len(rows), device=device)  # the row of each batch entry
     live_rows = list(rows)
@@ -176,6 +175,9 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
             row = live_rows[j]
             feeds[j] = [tok]
             if row.add(tok, tok in stop, call_ids, max_turns, budget):
+                if env is None:  # one turn only: the caller answers the call
+                    row.end("call")
+                    continue
                 reply = env.reply(row.prompt_index, tokenizer.decode(row.call_ids(), skip_special_tokens=False))
                 reply_ids = tokenizer(reply.text, add_special_tokens=False)["input_ids"] if reply.text else []
                 feeds[j] += row.answer(reply, reply_ids, budget)

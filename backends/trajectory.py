@@ -94,13 +94,13 @@ class Trajectory:
                    topk_ids, topk_logprobs, entropy_estimate: bool = False) -> Generation:
         """The finished trajectory as a :class:`Generation`; the statistics arrays cover its tokens
         (a masked token's are NaN, its top-k ids -1). ``decode`` gives a token span's text: the
-        assistant turns' texts, and the whole text without the end token that stopped it."""
+        assistant turns' texts, and the whole text, without the end token that stopped it."""
         ids = self.ids
         T = len(ids)
         mask = np.asarray(self.mask, bool)
-        for t in self.turns:
+        for t in self.turns:  # an assistant turn's text, as the whole text, leaves out the end token
             if t.role == "assistant" and t.start is not None and not t.text:
-                t.text = decode(ids[t.start:t.end])
+                t.text = decode(ids[t.start:t.end - (self.finish == "stop" and t.end == T)])
         tki = np.asarray(topk_ids, np.int64).reshape(T, -1)
         return Generation(
             prompt_index=self.prompt_index, sample_idx=self.sample_idx, prompt=self.prompt,

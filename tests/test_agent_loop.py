@@ -216,3 +216,54 @@ def test_generate_on_a_task_with_tools_stores_trajectories_with_their_turns(empt
                            "ORDER BY rollout_id")
     assert turns["n"].tolist() == rolls["n_turns"].tolist() and turns["last"].tolist() == rolls["n_tokens"].tolist()
     assert empty_store.df("SELECT count(*) AS n FROM tokens WHERE turn_idx IS NULL OR trained IS NULL")["n"][0] == 0
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    from tests.fixtures import Backend
+
+    b = Backend(tmp_path_factory.mktemp("agent-backend"), "--policy", str(CHAT_POLICY_DIR))
+    yield b
+    b.stop()
+
+
+def _structure(g):
+    return [(t.role, t.start, t.end, t.tool_name, t.error) for t in g.turns], g.mask.tolist(), g.finish_reason
+
+
+def test_the_remote_loop_runs_the_turns_on_the_backend_and_the_tools_here(policy, sandbox, backend):
+    from backends.remote import RemotePolicy
+
+    remote = RemotePolicy(backend.url)
+    prompts = _prompts(policy)
+    kw = dict(n=2, max_turns=2, max_new_tokens=100, seed=0)
+    got = remote.sample_agent(prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
+    again = remote.sample_agent(prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
+    local = sample_agent(policy.model, policy.tokenizer, prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
+    assert [g.token_ids.tolist() for g in got] == [g.token_ids.tolist() for g in again]  # seeded, round by round
+    forced = score_batch(policy.model, policy.tokenizer, [g.prompt for g in got], [g.token_ids.tolist() for g in got])
+    for g, f, loc in zip(got, forced, local, strict=True):
+        roles = [t.role for t in g.turns]
+        assert roles[:4] == ["assistant", "tool", "assistant", "tool"] and g.turns[1].text == loc.turns[1].text
+        first = g.turns[0]
+        assert g.token_ids[first.start:first.end].tolist() == loc.token_ids[:loc.turns[0].end].tolist()
+        expect = np.ones(g.n_tokens, bool)
+        for s, e in _tool_spans(g):
+            expect[s:e] = False
+        assert (g.mask == expect).all() and np.isnan(g.logprobs[~g.mask]).all() and (g.topk_ids[~g.mask] == -1).all()
+        np.testing.assert_allclose(g.logprobs[g.mask], f.logprobs[g.mask], atol=1e-4)  # exact statistics
+        np.testing.assert_allclose(g.entropies[g.mask], f.entropies[g.mask], atol=1e-4)
+        assert g.text == policy.tokenizer.decode(g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids)
+    assert sorted(_structure(g)[2] for g in got) == sorted(_structure(g)[2] for g in local)
+
+    g = got[0]
+    second = g.turns[2]
+    fork = second.start + 1
+    task = Scripted("calculator")
+    branches = remote.branch_agent(g.prompt, g.token_ids[:fork].tolist(), g.mask[:fork].tolist(), g.turns,
+                                   [None], TaskEnv(task, sandbox), n=2, max_turns=2, max_new_tokens=100, seed=1)
+    assert task.calls >= 2
+    for b in branches:
+        assert b.token_ids[:fork].tolist() == g.token_ids[:fork].tolist() and b.turns[:2] == g.turns[:2]
+        assert sum(t.role == "tool" for t in b.turns) == 2
+        np.testing.assert_allclose(b.logprobs[:fork][g.mask[:fork]], g.logprobs[:fork][g.mask[:fork]], atol=1e-4)

@@ -1,9 +1,9 @@
 """``RemotePolicy(url)``: a policy served by a backend elsewhere, with the methods and return
-types of ``backends.policy.Policy`` (``sample``, ``branch``, ``score``, ``tokenizer``,
-``device``, ``name``), so a worker job runs a URL exactly as it runs a folder
-(``load_policy`` dispatches). Against the rollout-studio extension its results are exact;
-against a plain server they are estimated (:mod:`.generations`) and branching is refused
-(:class:`.ExtensionRequired`). One client per URL and key per process (:func:`load_remote`).
+types of ``backends.policy.Policy`` (``sample``, ``branch``, ``score``, ``sample_agent``,
+``branch_agent``, ``tokenizer``, ``device``, ``name``), so a worker job runs a URL exactly as it
+runs a folder (``load_policy`` dispatches). Against the rollout-studio extension its results are
+exact; against a plain server they are estimated (:mod:`.generations`), and branching and the
+agent loop are refused (:class:`.ExtensionRequired`). One client per URL and key per process (:func:`load_remote`).
 """
 from __future__ import annotations
 
@@ -151,6 +151,20 @@ class RemotePolicy:
                            "choices": [None if c is None else int(c) for c in choices]}}
         resp = self._call("POST", "/v1/completions", body)
         return [from_studio(c, prompt, n, top_k_stats) for c in sorted_choices(resp)]
+
+    def sample_agent(self, prompts: list[str], env, **kwargs) -> list[Generation]:
+        """See ``backends.agent.sample_agent``: the loop runs here, each turn sampled by the backend
+        (:mod:`.agent`; needs the extension)."""
+        from .agent import sample_agent
+
+        return sample_agent(self, prompts, env, **kwargs)
+
+    def branch_agent(self, prompt: str, prefix_ids: list[int], prefix_mask: list[bool] | None, prefix_turns,
+                     choices: list[int | None], env, **kwargs) -> list[Generation]:
+        """See ``backends.agent.branch_agent`` (:mod:`.agent`; needs the extension)."""
+        from .agent import branch_agent
+
+        return branch_agent(self, prompt, prefix_ids, prefix_mask, prefix_turns, choices, env, **kwargs)
 
     def score(self, prompts: list[str], completions: list[str | list[int]], top_k_stats: int = 5,
               batch_size: int = 8) -> list[Generation]:

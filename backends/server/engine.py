@@ -168,30 +168,40 @@ class Engine:
         return ids
 
     def _sample(self, policy, tok: _Pretokenized, ok: list, out: list) -> None:
+        from ..agent import sample_agent
         from ..policy import sample_batch
 
         r0 = ok[0][1]
         keys = [p if isinstance(p, str) else tok.key(p) for _, r, _ in ok for p in r.prompts]
         seed = r0.seed if len(ok) == 1 and r0.seed is not None else random.randrange(2 ** 31)
-        gens = sample_batch(policy.model, tok, keys, n=r0.n, temperature=r0.temperature, top_p=r0.top_p,
-                            max_new_tokens=r0.max_tokens, seed=seed, top_k_stats=r0.k)
+        kw = dict(n=r0.n, temperature=r0.temperature, top_p=r0.top_p, max_new_tokens=r0.max_tokens, seed=seed,
+                  top_k_stats=r0.k)
+        if r0.call_end is not None:  # an agent turn: each row ends at its tool call
+            gens = sample_agent(policy.model, tok, keys, None, call_end=r0.call_end, **kw)
+        else:
+            gens = sample_batch(policy.model, tok, keys, **kw)
         at = 0
         for i, r, ids in ok:
             mine = gens[at * r.n:(at + len(r.prompts)) * r.n]
             at += len(r.prompts)
-            choices = [self._choice(policy, r, j, g.text, _columns(g), g.finish_reason, g.text, g.finish_reason)
-                       for j, g in enumerate(mine)]
+            choices = [self._choice(policy, r, j, g.text, _columns(g), _standard(g.finish_reason), g.text,
+                                    g.finish_reason) for j, g in enumerate(mine)]
             out[i] = self._response(r, choices, sum(map(len, ids)), sum(g.n_tokens for g in mine))
 
     def _fork(self, policy, tok: _Pretokenized, r: Completion, ids: list[int]) -> dict:
+        from ..agent import branch_agent
         from ..policy import branch_batch
 
         prompt = r.prompts[0] if isinstance(r.prompts[0], str) else tok.key(ids)
-        gens = branch_batch(policy.model, tok, prompt, r.prefix, r.choices, n=r.n, temperature=r.temperature,
-                            top_p=r.top_p, max_new_tokens=r.max_tokens,
-                            seed=r.seed if r.seed is not None else random.randrange(2 ** 31), top_k_stats=r.k)
-        choices = [self._choice(policy, r, j, g.text, _columns(g), g.finish_reason, g.text, g.finish_reason)
-                   for j, g in enumerate(gens)]
+        kw = dict(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_tokens,
+                  seed=r.seed if r.seed is not None else random.randrange(2 ** 31), top_k_stats=r.k)
+        if r.call_end is not None:  # an agent turn from the fork: each row ends at its tool call
+            gens = branch_agent(policy.model, tok, prompt, r.prefix, None, None, r.choices, None,
+                                call_end=r.call_end, **kw)
+        else:
+            gens = branch_batch(policy.model, tok, prompt, r.prefix, r.choices, **kw)
+        choices = [self._choice(policy, r, j, g.text, _columns(g), _standard(g.finish_reason), g.text,
+                                g.finish_reason) for j, g in enumerate(gens)]
         return self._response(r, choices, len(ids), sum(g.n_tokens for g in gens))
 
     def _echo(self, policy, tok: _Pretokenized, r: Completion, ids: list[list[int]]) -> dict:
@@ -279,6 +289,11 @@ class Engine:
         return {"id": r.id, "object": "text_completion", "created": int(time.time()), "model": self.name,
                 "choices": choices, "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                               "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def _standard(finish: str) -> str:
+    """The standard ``finish_reason`` of a studio one: a closed tool call is a stop sequence."""
+    return "stop" if finish == "call" else finish
 
 
 def _columns(g) -> dict:

@@ -31,7 +31,11 @@ The extension (off with ``--no-extension``, which makes the server a plain vLLM 
   prompt: keep the completion tokens ``prefix``, force each of ``choices`` next, ``null``
   drawing it, ``n`` continuations each, choice-major; ``max_tokens`` bounds the whole
   completion, prefix included, as ``Policy.branch``); ``completions`` (with ``echo`` and
-  ``max_tokens: 0``) teacher-forces these token ids after each prompt and scores only them.
+  ``max_tokens: 0``) teacher-forces these token ids after each prompt and scores only them;
+  ``call_end`` (a text, e.g. ``"</tool_call>"``) ends each row once it has written that text's
+  tokens (a tool call closed: ``studio.finish_reason`` ``call``, standard ``finish_reason``
+  ``stop``), the turn of an agent loop run by the client (``backends.remote.agent``); it works
+  with ``prefix`` too.
 - ``GET /v1/models``: ``data[0].studio`` = ``{version, device, vocab_size, eos_token_id}``.
 - ``POST /studio/pieces`` ``{tokens}`` → ``{pieces}``: each token's text decoded alone.
 - ``POST /studio/reward`` ``{prompt: [...], completion: [...]}`` →
@@ -44,7 +48,7 @@ status as ``code``:
 >>> ApiError(400, "'n' must be an integer, got 'x'", "n").body()["error"]["type"]
 'BadRequestError'
 >>> parse_completion({"prompt": "Q: 1+1=", "n": 2}, "policy", True).batch_key()
-(2, 1.0, 1.0, 16, None, False, False, 5)
+(2, 1.0, 1.0, 16, None, False, False, 5, None)
 """
 from __future__ import annotations
 
@@ -93,6 +97,7 @@ class Completion:
     prefix: list[int] | None = None  # extension: fork branching
     choices: list | None = None
     completions: list[list[int]] | None = None  # extension: teacher forcing after each prompt
+    call_end: str | None = None  # extension: a row ends once it wrote this text's tokens (an agent turn)
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     abandoned: bool = False  # the client closed the connection: not run if still waiting
 
@@ -106,7 +111,7 @@ class Completion:
         if self.seed is not None or self.echo or self.prefix is not None:
             return None
         return (self.n, self.temperature, self.top_p, self.max_tokens, self.logprobs, self.as_ids, self.stats,
-                self.top_k)
+                self.top_k, self.call_end)
 
 
 def _num(body: dict, name: str, kind: type, default, lo=None, hi=None):
@@ -185,6 +190,12 @@ def parse_completion(body: object, served: str, extension: bool) -> Completion:
                                     "(in a fork request it bounds the whole completion, prefix included)", "max_tokens")
             if len(c.choices) * c.n > MAX_ROWS:
                 raise ApiError(400, f"{len(c.choices)} choices × n {c.n} is more than {MAX_ROWS} completions", "n")
+        if ext.get("call_end") is not None:
+            if not isinstance(ext["call_end"], str) or not ext["call_end"]:
+                raise ApiError(400, "'studio.call_end' must be a non-empty text", "studio.call_end")
+            if c.echo:
+                raise ApiError(400, "'studio.call_end' samples turns: it takes no 'echo'", "studio.call_end")
+            c.call_end = ext["call_end"]
         if ext.get("completions") is not None:
             comps = ext["completions"]
             if not isinstance(comps, list) or len(comps) != len(prompts):
