@@ -297,3 +297,16 @@ def test_an_imported_mask_gives_no_credit_to_tool_tokens_and_its_turn_rewards_ar
     turn = turn_advantages(store, rid, rep.rule_versions[0])
     assert turn.role.tolist() == ["assistant", "tool", "assistant"]
     assert turn.reward.tolist()[0] == -0.1
+
+
+def test_a_completion_logged_as_tool_using_messages_keeps_its_turns_in_the_classic_formats(store, tmp_path):
+    msgs = lines(FIXTURES["openai-chat"])[1]["messages"]
+    f = tmp_path / "board.jsonl"  # OpenRLHF / RL-Logging-Board: prompt and response, here as messages
+    f.write_text("".join(json.dumps({"prompt": msgs[:2], "response": msgs[2:], "reward": r, "step": 1}) + "\n"
+                         for r in (0.0, 1.0)) + json.dumps({"prompt": "2+2?", "response": "4", "reward": 1.0}) + "\n")
+    assert detect_format(f) == "openrlhf"
+    import_run(store, f)
+    ro = rollouts(store)
+    assert ro[["n_turns", "n_tool_calls", "n_tool_errors"]].values.tolist() == [[3, 1, 1], [3, 1, 1], [1, 0, 0]]
+    assert [t[0] for t in turns(store, ro.rollout_id[0])] == ["assistant", "tool", "assistant"]
+    assert calls_of(store, ro.rollout_id[0]) == ['{"expression": "37 x 24"}']

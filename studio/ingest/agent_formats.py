@@ -27,23 +27,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from studio.ingest.errors import ImportFormatError, Problem
+from studio.ingest.errors import Bad, ImportFormatError, Problem
 from studio.ingest.formats import ColumnMapping
-from studio.ingest.normalise import Bad, Batch, _py_int
+from studio.ingest.messages import message_turns, responses_messages, split_prompt
+from studio.ingest.normalise import Batch, _py_int
 from studio.ingest.trajectories import (
     Trajectory,
     as_ids,
     as_mask,
     as_numbers,
     masked_stats,
-    message_turns,
     number,
     prompt_of,
-    split_prompt,
     token_turns,
     trajectory_batch,
 )
-from studio.tasks.chat import content_text
 
 Decode = Callable[[list[int]], "list[str] | None"]
 _TERMINATION = {"max_prompt_length_exceeded": "length", "max_response_length_exceeded": "length",
@@ -303,54 +301,6 @@ def openai_chat(rec: dict, m: ColumnMapping, file_step: int | None, decode: Deco
             raise Bad("expected 'messages', or 'prompt' and 'completion' messages")
         messages = prompt + rec["completion"]
     return [_chat_trajectory(messages, rec, m, file_step)]
-
-
-def responses_messages(items: list) -> list[dict]:
-    """Responses items as chat messages: a ``function_call`` joins the assistant message before it (or makes
-    one), its ``function_call_output`` is a ``tool`` message, a ``reasoning`` item's summary opens the next
-    assistant message.
-
-    Raises:
-        Bad: an item that is not an object, or of a type that is not a message, reasoning or a call.
-    """
-    out: list[dict] = []
-    thinking = ""
-    for i, it in enumerate(items):
-        if not isinstance(it, dict):
-            raise Bad(f"item {i} must be an object, got {type(it).__name__}")
-        kind = it.get("type", "message" if "role" in it else None)
-        if kind == "message":
-            msg = {"role": it.get("role"), "content": content_text({"content": _blocks(it.get("content"))})}
-            if msg["role"] == "assistant" and thinking:
-                msg["content"], thinking = thinking + msg["content"], ""
-            out.append(msg)
-        elif kind == "reasoning":
-            thinking += "".join(s.get("text", "") for s in it.get("summary") or [] if isinstance(s, dict)) + "\n"
-        elif kind in ("function_call", "custom_tool_call"):
-            call = {"id": it.get("call_id"), "type": "function",
-                    "function": {"name": it.get("name"), "arguments": it.get("arguments", it.get("input"))}}
-            if not out or out[-1]["role"] != "assistant" or thinking:
-                out.append({"role": "assistant", "content": thinking, "tool_calls": []})
-                thinking = ""
-            out[-1].setdefault("tool_calls", []).append(call)
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            output = it.get("output")
-            out.append({"role": "tool", "tool_call_id": it.get("call_id"),
-                        "content": output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)})
-        else:
-            raise Bad(f"item {i} has type {kind!r}; read are message, reasoning, function_call, custom_tool_call "
-                      "and their outputs")
-    if thinking:
-        out.append({"role": "assistant", "content": thinking})
-    return out
-
-
-def _blocks(content: Any) -> Any:
-    """Responses content blocks (``input_text`` / ``output_text``) as chat text blocks."""
-    if not isinstance(content, list):
-        return content
-    return [{"type": "text", "text": b.get("text", "")} if isinstance(b, dict) and b.get("type") in
-            ("input_text", "output_text", "text") else b for b in content]
 
 
 def openai_responses(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode) -> list[Trajectory]:

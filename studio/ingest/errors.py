@@ -1,5 +1,6 @@
 """What an import says is wrong with its input: a file that is not in the format
-(:class:`ImportFormatError`), one bad record (:class:`Problem`), and the refusal of an import
+(:class:`ImportFormatError`), one bad record (:class:`Bad` where it is found, :class:`Problem` as
+reported), and the refusal of an import
 whose records are not all good (:class:`MalformedInput`). Each is a :class:`~studio.errors.StudioError`
 with a message that names the file and what to do.
 """
@@ -12,6 +13,10 @@ from studio.errors import StudioError
 
 class ImportFormatError(StudioError, ValueError):
     """A file is not what its importer expects; the message names the missing fields and the ones it has."""
+
+
+class Bad(ValueError):
+    """One record is malformed (the message says why); the reader turns it into a :class:`Problem`."""
 
 
 class MalformedInput(StudioError, ValueError):

@@ -13,7 +13,8 @@ the messages back), becomes: its messages (``prompts.messages``), its last user 
 prompt's text, the templated string, when the source gave one, as the text the policy continued
 (``rollouts.prompt_text``), and a key naming the conversation (:func:`~studio.tasks.chat.chat_key`:
 the same messages are one prompt, one GRPO group per step). A completion given as messages is
-its assistant content (:func:`completion_text`).
+its assistant content (:func:`completion_text`); when those messages are a trajectory (tool calls,
+tool messages) they are its turns too (:func:`~studio.ingest.messages.completion_turns`).
 """
 from __future__ import annotations
 
@@ -28,17 +29,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from studio.ingest.errors import Problem
+from studio.ingest.errors import Bad, Problem
 from studio.ingest.formats import INT32, TOKEN_FIELDS, ColumnMapping, arrow_kind, columns_of, value_kind
+from studio.ingest.messages import completion_turns, turn_counts
 from studio.tasks.chat import MARKERS, chat_key, content_text, last_user, parse_templated, plain_messages
 
 
 class Slow(Exception):
     """The vectorised path cannot take this slice as it is: the Python pass checks it record by record."""
-
-
-class Bad(ValueError):
-    """One record is malformed (the message says why)."""
 
 
 @dataclass
@@ -136,6 +134,8 @@ def _arrow_completion(a: pa.Array) -> pa.Array:
     if flat.null_count or not (pa.types.is_string(ct) or pa.types.is_null(ct)) or len(flat) != len(a) \
             or (np.diff(np.asarray(lists.offsets)) != 1).any():
         raise Slow  # several messages per completion: the Python pass picks the assistant's
+    if flat.type.get_field_index("tool_calls") >= 0 and flat.field("tool_calls").null_count < len(flat):
+        raise Slow  # an assistant message that calls a tool: the Python pass reads its turns
     return pc.fill_null(flat.field("content").cast(pa.string()), "")
 
 
@@ -356,7 +356,8 @@ def _normalise(obj: Any, m: ColumnMapping, file_step: int | None) -> tuple:
             toks[fld], n_tok, first = lst, len(lst), first or col
     g = obj.get(m.gold) if m.gold else None
     gold = None if g is None else json.dumps({"answer": g}, default=str)
-    return prompt, completion, step, group, total, comps, adv, fin, toks, n_tok, gold
+    turns = completion_turns(obj[m.completion]) if isinstance(obj[m.completion], list) else None
+    return prompt, completion, step, group, total, comps, adv, fin, toks, n_tok, gold, turns
 
 
 def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | None,
@@ -392,4 +393,12 @@ def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int 
         gold=(lambda idx: [gold[i] for i in idx]) if m.gold else None,
         key=pa.array(key, pa.string()) if chat else None,
         messages=(lambda idx: [messages[i] for i in idx]) if chat else None,
-        prompt_text=pa.array(templated, pa.string()) if any(v is not None for v in templated) else None), problems
+        prompt_text=pa.array(templated, pa.string()) if any(v is not None for v in templated) else None,
+        **_turns(list(cols[11]))), problems
+
+
+def _turns(turns: list) -> dict:
+    """A slice's turns where a completion was given as a trajectory's messages (else none: one assistant turn each)."""
+    if all(t is None for t in turns):
+        return {}
+    return {"turns": turns, "counts": np.array([turn_counts(t) for t in turns], np.int64).reshape(len(turns), 3)}

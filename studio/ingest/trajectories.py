@@ -13,13 +13,10 @@ Turns come from one of two things a framework gives:
   each run of 0s a tool turn (:func:`mask_turns`); a call the assistant wrote in the Hermes
   format (``<tool_call>{"name": …, "arguments": …}</tool_call>``) is read back from its text;
 - chat messages (OpenAI chat, rLLM, Responses items made messages): the messages before the first
-  assistant message are the prompt, each later message a turn (:func:`message_turns`), an
-  assistant message's ``tool_calls`` its calls (one turn per call), a ``tool`` message the answer
-  to the call its ``tool_call_id`` names.
+  assistant message are the prompt, each later message a turn (:mod:`studio.ingest.messages`).
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,11 +25,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from backends import ROLES, Turn
-from studio.ingest.normalise import Bad, Batch, chat_prompt, text_prompt
-from studio.tasks.chat import content_text
+from backends import Turn
+from studio.ingest.errors import Bad
+from studio.ingest.messages import args_text, turn_counts
+from studio.ingest.normalise import Batch, chat_prompt, text_prompt
 
-ROLE_ALIASES = {"developer": "system", "function": "tool", "ipython": "tool"}  # OpenAI / Llama names
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -66,10 +63,8 @@ class Trajectory:
         return "\n".join(t.text for t in self.turns if t.text)
 
     def counts(self) -> tuple[int, int, int]:
-        """``(n_turns, n_tool_calls, n_tool_errors)``: a call is an assistant turn that made one (its JSON
-        readable or not), an error a tool turn the source marked failed."""
-        calls = sum(1 for t in self.turns if t.role == "assistant" and (t.tool_name or t.tool_args) is not None)
-        return len(self.turns), calls, sum(1 for t in self.turns if t.role == "tool" and t.error)
+        """``(n_turns, n_tool_calls, n_tool_errors)`` (:func:`~studio.ingest.messages.turn_counts`)."""
+        return turn_counts(self.turns)
 
 
 # ------------------------------------------------------------------------------------------- from a loss mask
@@ -109,7 +104,7 @@ def hermes_calls(text: str) -> list[tuple[str | None, str]]:
         except ValueError:
             call = None
         if isinstance(call, dict) and isinstance(call.get("name"), str):
-            out.append((call["name"], _args_text(call.get("arguments", call.get("parameters", {})))))
+            out.append((call["name"], args_text(call.get("arguments", call.get("parameters", {})))))
         else:
             out.append((None, body))
     return out
@@ -132,126 +127,6 @@ def token_turns(mask: list[bool], texts: list[str] | None) -> list[Turn]:
         turns += [Turn("assistant", z, z, "", tool_name=n, tool_args=args) for n, args in calls[1:]]
         last_call = calls[-1] if calls else None
     return turns
-
-
-# ------------------------------------------------------------------------------------------- from messages
-
-def _args_text(args: Any) -> str:
-    """A call's arguments as JSON text: a string as the policy wrote it (valid JSON or not), else dumped."""
-    return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-
-
-def _calls(msg: dict) -> list[tuple[str | None, str | None, str | None]]:
-    """``(name, arguments JSON text, call id)`` of an assistant message's calls: OpenAI's ``tool_calls``
-    (``{id, type, function: {name, arguments}}``), rLLM's ``{name, arguments}``, or a legacy ``function_call``."""
-    raw = msg.get("tool_calls") or ([msg["function_call"]] if isinstance(msg.get("function_call"), dict) else [])
-    if not isinstance(raw, list):
-        raise Bad(f"tool_calls must be a list, got {type(raw).__name__}")
-    out = []
-    for c in raw:
-        if not isinstance(c, dict):
-            raise Bad(f"a tool call must be an object, got {type(c).__name__}")
-        fn = c.get("function") if isinstance(c.get("function"), dict) else c
-        name = fn.get("name")
-        args = fn.get("arguments")
-        out.append((None if name is None else str(name), None if args is None else _args_text(args),
-                    None if c.get("id") is None else str(c["id"])))
-    return out
-
-
-def tool_error(msg: dict) -> str | None:
-    """Why a tool message's call failed, where the source says so: an ``error`` field (rLLM's ToolOutput),
-    or content that is only ``{"error": …}`` (TRL writes a failed call as ``str({'error': message})``).
-
-    >>> tool_error({"role": "tool", "content": "{'error': 'Tool lookup not found.'}"})
-    'Tool lookup not found.'
-    >>> tool_error({"role": "tool", "content": "888"}) is None
-    True
-    """
-    if msg.get("error"):
-        return str(msg["error"])
-    c = msg.get("content")
-    if isinstance(c, str) and c.lstrip().startswith("{") and "error" in c:
-        for read in (json.loads, ast.literal_eval):
-            try:
-                c = read(c)
-                break
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
-    if isinstance(c, dict) and set(c) == {"error"}:
-        return str(c["error"])
-    return None
-
-
-def _role(msg: Any, i: int) -> str:
-    if not isinstance(msg, dict):
-        raise Bad(f"message {i} must be an object, got {type(msg).__name__}")
-    role = msg.get("role")
-    role = ROLE_ALIASES.get(role, role)
-    if role not in ROLES:
-        raise Bad(f"message {i} has role {role!r}; a message is one of {', '.join(ROLES)} "
-                  f"({', '.join(ROLE_ALIASES)} are read as {', '.join(ROLE_ALIASES.values())})")
-    return role
-
-
-def split_prompt(messages: list) -> tuple[list[dict], list[dict]]:
-    """``(prompt, rest)``: the messages before the first assistant message, and the others.
-
-    Raises:
-        Bad: not a list, a message with an unknown role, or no assistant message.
-    """
-    if not isinstance(messages, list):
-        raise Bad(f"messages must be a list, got {type(messages).__name__}")
-    roles = [_role(m, i) for i, m in enumerate(messages)]
-    if "assistant" not in roles:
-        raise Bad("no assistant message: nothing the policy wrote")
-    first = roles.index("assistant")
-    return messages[:first], messages[first:]
-
-
-def message_turns(messages: list[dict], spans: list[tuple[int, int] | None] | None = None,
-                  ) -> tuple[list[Turn], list[int]]:
-    """Turns of the messages after a prompt, each message one turn (an assistant message with several
-    calls: one turn per call, its text on the first), and the (first) turn of each message. ``spans``
-    gives each message's tokens, where known.
-
-    Raises:
-        Bad: an unknown role, malformed calls, or a tool message answering a call no earlier message made
-            (turns out of order).
-    """
-    turns: list[Turn] = []
-    calls: dict[str, tuple[str | None, str | None]] = {}  # call id -> (name, arguments)
-    pending: list[tuple[str | None, str | None, str | None]] = []  # calls not answered yet, in order
-    first_turn: list[int] = []
-    for i, msg in enumerate(messages):
-        role = _role(msg, i)
-        first_turn.append(len(turns))
-        a, z = spans[i] if spans and spans[i] else (None, None)
-        text = content_text(msg)
-        if role == "assistant":
-            made = _calls(msg)
-            first = made[0] if made else (None, None, None)
-            turns.append(Turn("assistant", a, z, text, tool_name=first[0], tool_args=first[1], tool_call_id=first[2]))
-            turns += [Turn("assistant", z, z, "", tool_name=n, tool_args=args, tool_call_id=cid)
-                      for n, args, cid in made[1:]]
-            calls.update({cid: (n, args) for n, args, cid in made if cid is not None})
-            pending = list(made)
-            continue
-        name, cid = msg.get("name"), msg.get("tool_call_id")
-        if role == "tool":  # answers the call its id names, else the earliest one not answered yet
-            if cid is not None:
-                if str(cid) not in calls:
-                    raise Bad(f"message {i} (tool) answers call {cid!r}, which no earlier assistant message made "
-                              "(turns out of order)")
-                answered = calls[str(cid)]
-                pending = [p for p in pending if p[2] != str(cid)]
-            else:
-                answered = pending.pop(0)[:2] if pending else None
-            name = name or (answered[0] if answered else None)
-        turns.append(Turn(role, a, z, text, tool_name=None if name is None else str(name),
-                          tool_call_id=None if cid is None else str(cid),
-                          error=tool_error(msg) if role == "tool" else None))
-    return turns, first_turn
 
 
 # ------------------------------------------------------------------------------------------- tokens
