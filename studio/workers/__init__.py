@@ -7,6 +7,7 @@ never touch the store: they return plain records and the owner writes them.
 """
 from studio.workers.jobs import (
     TokenizerMismatch,
+    agent_branch_job,
     agent_job,
     answer_prob_job,
     branch_job,
@@ -21,6 +22,6 @@ from studio.workers.jobs import (
 )
 from studio.workers.processes import pool, reset_pool, shutdown, warm
 
-__all__ = ["TokenizerMismatch", "agent_job", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
+__all__ = ["TokenizerMismatch", "agent_branch_job", "agent_job", "answer_prob_job", "branch_job", "context_length", "enrich_job", "policy_version",
            "pool", "prm_job", "reset_pool", "sample_job", "score_job", "shutdown", "value_job", "warm",
            "warm_job"]

@@ -1,5 +1,6 @@
 """The jobs the worker pool runs (:func:`studio.workers.processes.pool`): sample, agent
-trajectories, branch, score, enrich, answer probabilities, process rewards, values, warm-up.
+trajectories, branch (a completion or a trajectory), score, enrich, answer probabilities,
+process rewards, values, warm-up.
 
 Each job loads its model inside the worker (cached there by ``backends.load_policy``), and
 returns plain records and the version of the weights that made them; jobs never touch the
@@ -84,12 +85,37 @@ def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], pref
 
     policy = load_policy(policy_path)
     prompt = render(policy.tokenizer, prompt)  # a chat: through the policy's template, as Generate renders it
+    _check_prefix(policy, policy_path, prefix_ids, prefix_text)
+    return policy.branch(prompt, prefix_ids, choices, **kwargs), policy_version(str(policy.path)), policy.device
+
+
+def agent_branch_job(policy_path: str, task: dict, prompt: str | dict, prefix_ids: list[int], prefix_text: str,
+                     prefix_mask: list[bool], prefix_turns: list, choices: list[int | None],
+                     kwargs: dict) -> tuple[list, str, str]:
+    """Runs in a worker: continue an agent trajectory from a fork (``backends.agent.branch_agent``):
+    the prefix's turns kept, the loop run on, the tools in this worker's sandbox. Refuses a policy
+    whose tokenizer reads the prefix as another text, as :func:`branch_job` does."""
+    from backends import load_policy
+    from backends.chat import render
+    from studio.tasks import get_task
+    from studio.workers.agent_env import TaskEnv
+
+    policy = load_policy(policy_path)
+    prompt = render(policy.tokenizer, prompt)
+    _check_prefix(policy, policy_path, prefix_ids, prefix_text)
+    env = TaskEnv(get_task(task), tool_sandbox())
+    gens = policy.branch_agent(prompt, prefix_ids, prefix_mask, prefix_turns, choices, env, **kwargs)
+    return gens, policy_version(str(policy.path)), policy.device
+
+
+def _check_prefix(policy, policy_path: str, prefix_ids: list[int], prefix_text: str) -> None:
+    """Refuse a policy whose tokenizer reads a stored prefix's ids as another text: its branches
+    would continue a different text (another vocabulary)."""
     decoded = policy.tokenizer.decode(prefix_ids, skip_special_tokens=False)
     if decoded != prefix_text:
         raise TokenizerMismatch(
             f"the policy in {policy_path} reads this rollout's token ids as {decoded[:60]!r}, but the "
             f"rollout says {prefix_text[:60]!r}: its tokenizer is not the one that made the rollout")
-    return policy.branch(prompt, prefix_ids, choices, **kwargs), policy_version(str(policy.path)), policy.device
 
 
 def _rendered(policy, prompts: list[str | dict]) -> list[str]:
