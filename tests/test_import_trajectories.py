@@ -310,3 +310,19 @@ def test_a_completion_logged_as_tool_using_messages_keeps_its_turns_in_the_class
     assert ro[["n_turns", "n_tool_calls", "n_tool_errors"]].values.tolist() == [[3, 1, 1], [3, 1, 1], [1, 0, 0]]
     assert [t[0] for t in turns(store, ro.rollout_id[0])] == ["assistant", "tool", "assistant"]
     assert calls_of(store, ro.rollout_id[0]) == ['{"expression": "37 x 24"}']
+
+
+def test_a_tailed_agent_dump_imports_the_lines_appended_since(store, tmp_path):
+    from studio.ingest.tail import Tailer
+
+    recs = (DATA / FIXTURES["verl-agent"]).read_text().splitlines(keepends=True)
+    d = tmp_path / "dump"
+    d.mkdir()
+    f = d / "0.jsonl"
+    f.write_text("".join(recs[:2]) + recs[2][:40])  # the third line still being written
+    tailer = Tailer(store, d, tokenizer=TOKENIZER)
+    assert tailer.poll().n_rollouts == 2
+    f.write_text("".join(recs))
+    assert tailer.poll().n_rollouts == 2
+    assert store.scalar("SELECT count(*) FROM tokens WHERE NOT trained") == 170
+    assert store.scalar("SELECT count(DISTINCT rollout_id) FROM turns") == 4

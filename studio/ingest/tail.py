@@ -28,8 +28,10 @@ class Tailer:
 
     def __init__(self, store: Store, directory: str | Path, fmt: str | None = None,
                  mapping: ColumnMapping | None = None, on_error: str = "skip", interval_s: float = 2.0,
-                 name: str | None = None, task: str = "import", run_id: str | None = None):
+                 name: str | None = None, task: str = "import", run_id: str | None = None,
+                 tokenizer: str | Path | None = None):
         self.store = store
+        self.tokenizer = tokenizer  # decodes an agent format's token ids (import_run's tokenizer)
         self.directory = Path(directory).expanduser().resolve()
         self.fmt, self.mapping, self.on_error = fmt, mapping, on_error
         self.interval_s, self.name, self.task = float(interval_s), name, task
@@ -71,7 +73,8 @@ class Tailer:
                         st["last_error"] = f"waiting for files the format can be told from ({exc})"
                         return None
                 rep = import_run(self.store, self.directory, self.fmt, mapping=self.mapping, on_error=self.on_error,
-                                 name=self.name, task=self.task, run_id=self.run_id, tail=True)
+                                 name=self.name, task=self.task, run_id=self.run_id, tail=True,
+                                 tokenizer=self.tokenizer)
             except (ImportFormatError, MalformedInput) as exc:
                 st["last_error"] = str(exc)
                 raise

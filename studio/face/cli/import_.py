@@ -83,7 +83,7 @@ def _tail(store: Store, args, mapping: ColumnMapping | None, on_error: str) -> i
     from studio.ingest.tail import Tailer
 
     tailer = Tailer(store, args.paths[0], args.format, mapping, on_error=on_error, interval_s=args.interval,
-                    name=args.name, task=args.task)
+                    name=args.name, task=args.task, tokenizer=args.tokenizer)
     print(f"following {tailer.directory} every {args.interval:g} s (Ctrl-C stops)", flush=True)
     try:
         while True:
