@@ -27,4 +27,6 @@ CHAT_POLICY_DIR = HERE / "chat_policy"
 WORDPROBLEMS_DIR = HERE / "wordproblems"
 WORDPROBLEMS_TASK = "wordproblems"
 CHAT_ROLLOUTS_DIR = HERE / "chat_rollouts"
+AGENT_POLICY_DIR = HERE / "agent_policy"  # python -m sample_data.build_agent_policy
+AGENT_ROLLOUTS_DIR = HERE / "agent_rollouts"  # python -m sample_data.make_agent_rollouts
 SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR)

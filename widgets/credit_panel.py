@@ -1,5 +1,5 @@
-"""Credit assignment: the sidebar's estimator and step controls, and the "Advantages &
-steps" tab (two estimators compared, step-reward sources computed, group diagnostics)."""
+"""Credit assignment: the sidebar's estimator, step and turn controls, and the "Advantages &
+steps" tab (two estimators compared, step- and turn-reward sources computed, group diagnostics)."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +12,8 @@ import param
 from sample_data import PRM_DIR, VALUE_MODEL_DIR
 from studio import queries
 from studio.queries import credit, forks, lookups
-from studio.runs.credit_models import critic_values, information_gain, prm_steps
+from studio.queries.turns import turn_reward_sources
+from studio.runs.credit_models import critic_values, information_gain, prm_steps, turn_information_gain
 from studio.signals.advantages import ESTIMATORS, Credit
 from studio.store import StoreError
 
@@ -27,6 +28,8 @@ from .rule_diff import DIFF_CSS
 from .token_strip import strip_html
 
 NONE = "(none)"
+AUTO = "(the shown version's, else the first)"  # the turn source '' : what the token strip picks by itself
+TURN_NORMS = {"over the group's turns": "group", "per turn index": "index", "raw (no normalisation)": "none"}
 # the tab's tables fit their column: fixed number columns, the prompt cut with an ellipsis
 FIT_CSS = """
 table.diff.fit th.num { width:62px; } table.diff.fit th.flags { width:24px; } table.diff.fit th.band { width:96px; }
@@ -34,11 +37,13 @@ table.diff.fit th.num { width:62px; } table.diff.fit th.flags { width:24px; } ta
 
 
 def stored_sources(store) -> dict[str, list[str]]:
-    """What the credit controls can pick: reference log-probs, critics, step-reward sources."""
+    """What the credit controls can pick: reference log-probs, critics, step- and turn-reward
+    sources (``trajectories``: whether the store holds any agent trajectory, a one-item list)."""
     refs = forks.scored_versions(store)
     critics = lookups.critic_versions(store)
     return {"reference": [r for r in refs if r not in critics], "values": critics,
-            "steps": credit.step_sources(store) + [credit.IMPLICIT]}
+            "steps": credit.step_sources(store) + [credit.IMPLICIT], "turns": turn_reward_sources(store),
+            "trajectories": [credit.has_trajectories(store)]}
 
 
 def credit_controls(state: StudioState) -> pn.Column:
@@ -51,6 +56,8 @@ def credit_controls(state: StudioState) -> pn.Column:
     crit = pn.widgets.Select(name="Critic values (GAE)", sizing_mode="stretch_width", css_classes=["critic"])
     step_src = pn.widgets.Select(name="Step rewards under the tokens", sizing_mode="stretch_width",
                                  css_classes=["step-source"])
+    turn_src = pn.widgets.Select(name="Turn rewards (agent trajectories)", sizing_mode="stretch_width",
+                                 css_classes=["turn-source"])
 
     sources = state.fresh_read(("credit_sources",), lambda: stored_sources(state.store))
 
@@ -62,12 +69,17 @@ def credit_controls(state: StudioState) -> pn.Column:
         ref.value = state.reference if state.reference in src["reference"] else NONE
         crit.value = state.value_source if state.value_source in src["values"] else NONE
         step_src.value = state.step_source if state.step_source in src["steps"] else NONE
+        turn_src.options = [AUTO] + src["turns"]
+        turn_src.value = state.turn_source if state.turn_source in src["turns"] else AUTO
+        turns.visible = src["trajectories"][0]
 
+    turns = turn_controls(state, turn_src)
     sync()
     state.param.watch(sync, ["refresh"])
     ref.param.watch(lambda e: setattr(state, "reference", "" if e.new == NONE else e.new), "value")
     crit.param.watch(lambda e: setattr(state, "value_source", "" if e.new == NONE else e.new), "value")
     step_src.param.watch(lambda e: setattr(state, "step_source", "" if e.new == NONE else e.new), "value")
+    turn_src.param.watch(lambda e: setattr(state, "turn_source", "" if e.new == AUTO else e.new), "value")
     beta = pn.widgets.FloatInput.from_param(state.param.kl_beta, name="β (KL weight)", width=95)
     gamma = pn.widgets.FloatInput.from_param(state.param.gae_gamma, name="γ", width=95)
     lam = pn.widgets.FloatInput.from_param(state.param.gae_lam, name="λ", width=95)
@@ -94,7 +106,33 @@ def credit_controls(state: StudioState) -> pn.Column:
         pn.Row(pn.widgets.Select.from_param(state.param.segmenter, name="Steps by", width=130,
                                             css_classes=["segmenter"]), pattern, sizing_mode="stretch_width"),
         step_src, outcome, sizing_mode="stretch_width")
-    return pn.Column(est, kl_row, gae_row, crit, steps, sizing_mode="stretch_width")
+    return pn.Column(est, kl_row, gae_row, crit, steps, turns, sizing_mode="stretch_width")
+
+
+def turn_controls(state: StudioState, source: pn.widgets.Select) -> pn.Column:
+    """The per-turn credit settings (a store with agent trajectories only): the turn-reward
+    source, how turn rewards are normalised over the group, the discount γ of later turns, and
+    the G-RA gate by the outcome (its τ is the steps' *Gate τ*); shown once there are turn
+    rewards to act on, τ once the gate is on."""
+    norm = pn.widgets.Select.from_param(state.param.turn_norm, name="Turns normalised", options=TURN_NORMS,
+                                        width=170, css_classes=["turn-norm"])
+    gamma = pn.widgets.FloatInput.from_param(state.param.turn_gamma, name="γ (later turns)", width=95,
+                                             css_classes=["turn-gamma"])
+    gate = pn.widgets.Checkbox.from_param(state.param.turn_gate, name="Gate by the outcome (G-RA)",
+                                          css_classes=["turn-gate"])
+    tau = pn.widgets.FloatInput.from_param(state.param.gate_tau, name="Gate τ (G-RA)", width=130,
+                                           css_classes=["turn-tau"])
+    settings = pn.Column(pn.Row(norm, gamma, sizing_mode="stretch_width", margin=0), gate, tau,
+                         sizing_mode="stretch_width", margin=0, css_classes=["turn-settings"])
+
+    def show_relevant(*_):
+        settings.visible = len(source.options) > 1
+        tau.visible = state.turn_gate
+
+    show_relevant()
+    source.param.watch(show_relevant, "options")
+    state.param.watch(show_relevant, ["turn_gate"])
+    return pn.Column(source, settings, sizing_mode="stretch_width", margin=0, css_classes=["turn-credit"])
 
 
 class CreditView(LazyView):
@@ -127,6 +165,8 @@ class CreditView(LazyView):
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["step-status"])
         self._ig = pn.widgets.Button(name="Information gain (IGPO)", color="primary",
                                      disabled=not can_run, css_classes=["ig-button"], width=190)
+        self._ig_turns = pn.widgets.Button(name="Information gain per turn", color="primary", visible=False,
+                                           disabled=not can_run, css_classes=["ig-turn-button"], width=190)
         self._prm_folder = pn.widgets.TextInput(name="Process reward model folder", value=str(PRM_DIR), width=210,
                                                 disabled=not can_run, css_classes=["prm-folder"])
         self._prm = pn.widgets.Button(name="Score steps with the PRM", color="primary", width=190,
@@ -135,10 +175,11 @@ class CreditView(LazyView):
                                                   width=210, disabled=not can_run, css_classes=["value-folder"])
         self._value = pn.widgets.Button(name="Critic values for GAE", color="primary", width=190,
                                         disabled=not can_run, css_classes=["value-button"])
-        self._buttons = (self._ig, self._prm, self._value)
+        self._buttons = (self._ig, self._ig_turns, self._prm, self._value)
         self._job = Job(on_running=self._computing)  # one step-reward computation at a time
         if can_run:  # browse-only sessions get no callback that could start a model
             self._ig.on_click(self._on_ig)
+            self._ig_turns.on_click(self._on_ig_turns)
             self._prm.on_click(self._on_prm)
             self._value.on_click(self._on_value)
         controls = pn.Row(
@@ -151,7 +192,7 @@ class CreditView(LazyView):
         def below(button):  # a button aligned with the inputs beside it
             return pn.Column(pn.Spacer(height=18), button, margin=0)
         compute = pn.FlexBox(
-            below(self._ig), self._prm_folder, below(self._prm), self._value_folder, below(self._value),
+            below(self._ig), below(self._ig_turns), self._prm_folder, below(self._prm), self._value_folder, below(self._value),
             flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width", css_classes=["compute-row"])
         self._layout = pn.Column(
             controls, compute, self._status,
@@ -196,6 +237,7 @@ class CreditView(LazyView):
             return
         st = self.state
         run_id = self._runs.get(self.run)
+        self._ig_turns.visible = bool(run_id) and credit.has_trajectories(st.store, run_id)
         if not run_id:
             self._summary.object = '<div class="empty">No rollouts yet.</div>'
             return
@@ -319,6 +361,18 @@ class CreditView(LazyView):
                                                 f"step of {{n}} rollouts with {st.policy_path}…",
                             lambda rids: information_gain(st.store, st.policy_path, rids, st.segmentation()),
                             done)
+
+    async def _on_ig_turns(self, event=None) -> None:
+        st = self.state
+
+        def done(source: str) -> str:
+            st.param.update(turn_source=source, refresh=st.refresh + 1)
+            return (f"stored turn rewards {source}; each assistant turn shows its information gain and turn "
+                    "advantage (sidebar: 'Turn rewards').")
+        await self._compute("information gain per turn", f"information gain per turn: teacher-forcing the gold answer "
+                                                         f"after every assistant turn of {{n}} rollouts with "
+                                                         f"{st.policy_path}…",
+                            lambda rids: turn_information_gain(st.store, st.policy_path, rids), done)
 
     async def _on_prm(self, event=None) -> None:
         st, folder = self.state, self._prm_folder.value.strip()

@@ -264,7 +264,7 @@ def step_verdicts(rollout: dict) -> dict[int, bool | None]:
 SHOWN = ("rollout_id", "channel", "refresh", "fork_pos", "fork_mode", "fork_q", "fork_min", "fork_abs", "fork_scope",
          "table_filter",
          "estimator", "kl_beta", "reference", "gae_gamma", "gae_lam", "value_source", "segmenter", "step_pattern",
-         "step_source", "step_agg", "gate_tau", "rule_version")
+         "step_source", "step_agg", "gate_tau", "rule_version", "turn_source", "turn_norm", "turn_gamma", "turn_gate")
 
 
 class _Shown(types.SimpleNamespace):
@@ -273,6 +273,7 @@ class _Shown(types.SimpleNamespace):
 
     credit = StudioState.credit
     segmentation = StudioState.segmentation
+    turn_credit = StudioState.turn_credit
     fork_rule = StudioState.fork_rule
 
     def key(self) -> tuple:
@@ -465,8 +466,9 @@ class TokenStrip(pn.viewable.Viewer):
         version = "" if not vid or pd.isna(vid) else f' <span class="version" title="the reward version shown">({esc(vid)})</span>'
         finish = "" if ro.get("finish_reason") is None or pd.isna(ro["finish_reason"]) else f' · {esc(ro["finish_reason"])}'
         trajectory = is_trajectory(toks) or (toks.empty and (ro.get("n_turns") or 1) > 1)
-        traj = preloaded(("trajectory", s.rollout_id, s.rule_version or None, s.refresh), lambda: trajectory_reads(
-            s.store, s.rollout_id, s.rule_version or None)) if trajectory else None  # turns, rewards, advantages
+        traj = preloaded(("trajectory", s.rollout_id, s.rule_version or None, s.refresh, s.turn_source, s.turn_credit()),
+                         lambda: trajectory_reads(s.store, s.rollout_id, s.rule_version or None, s.turn_source,
+                                                  s.turn_credit())) if trajectory else None  # turns, rewards, advantages
         header = (
             f'<div class="meta-line"><span>prompt <b title="{esc(prompt.text)}">{esc(clipped(prompt.text, 48))}</b></span>{verdict}'
             f'<span>reward <b>{reward}</b>{version}</span><span>{adv_label} {chip(tc.sequence, SCALES["advantage"])}</span>'

@@ -27,6 +27,7 @@ import pandas as pd
 
 from studio.queries import credit
 from studio.queries.turns import turn_rewards_of, turns_of
+from studio.signals.turns import TurnCredit
 from studio.store import Store
 
 from .base.style import SCALES, STEP_SCALE, Scale, esc
@@ -56,16 +57,18 @@ class TrajectoryReads:
     source: str | None  # the per-turn reward source the advantages come from (None: no per-turn rewards)
 
 
-def trajectory_reads(store: Store, rollout_id: str, rule_version_id: str | None = None) -> TrajectoryReads:
+def trajectory_reads(store: Store, rollout_id: str, rule_version_id: str | None = None, source: str = "",
+                     how: TurnCredit = TurnCredit()) -> TrajectoryReads:  # noqa: B008  (a frozen dataclass)
     """A trajectory's turns, per-turn rewards, and each assistant turn's advantage over its group
-    (``studio.queries.credit.turn_advantages``, default settings) from one source: the shown rule
-    version when it gave per-turn rewards, else the first source by name."""
+    (``studio.queries.credit.turn_advantages`` under ``how``, the sidebar's per-turn settings) from
+    one source: ``source`` (the sidebar's pick) when it gave this rollout per-turn rewards, else the
+    shown rule version when it did, else the first source by name."""
     rewards = turn_rewards_of(store, [rollout_id])
     sources = sorted(set(rewards["source"]))
     if not sources:
         return TrajectoryReads(turns_of(store, rollout_id), rewards, {}, None)
-    source = rule_version_id if rule_version_id in sources else sources[0]
-    adv = credit.turn_advantages(store, rollout_id, source, rule_version_id=rule_version_id)
+    source = source if source in sources else rule_version_id if rule_version_id in sources else sources[0]
+    adv = credit.turn_advantages(store, rollout_id, source, how, rule_version_id)
     acting = adv[adv["role"] == "assistant"]
     return TrajectoryReads(turns_of(store, rollout_id), rewards,
                            dict(zip(acting["turn_idx"].astype(int), acting["advantage"].astype(float), strict=True)),

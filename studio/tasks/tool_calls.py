@@ -59,7 +59,7 @@ def parse_call(text: str, tools: dict[str, Callable]) -> tuple[str, str, dict[st
     try:
         call = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise ToolCallError(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos}): {_short(body)}") from None
+        raise ToolCallError(f"the tool call is not valid JSON: {exc.msg} at character {exc.pos}") from None
     if not isinstance(call, dict):
         raise ToolCallError(f"the tool call must be a JSON object with \"name\" and \"arguments\", got {_short(body)}")
     name = call.get("name")

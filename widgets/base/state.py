@@ -15,6 +15,7 @@ from studio.queries import RolloutFilter, lookups
 from studio.signals.advantages import ESTIMATORS, Credit
 from studio.signals.forks import DEFAULT_MIN_ENTROPY, DEFAULT_Q, SCOPES, ForkRule
 from studio.signals.steps import AGGREGATES, SEGMENTERS, Segmenter
+from studio.signals.turns import NORMALISATIONS, TurnCredit
 from studio.store import Store
 
 from .preload import Preloading
@@ -68,10 +69,20 @@ class StudioState(Preloading, param.Parameterized):
     step_agg = param.Selector(default="min", objects=list(AGGREGATES), doc="Step rewards → outcome.")
     gate_tau = param.Number(default=1.0, bounds=(-10.0, 10.0), step=0.05,
                             doc="Gated accumulation: step rewards count only when the outcome ≥ τ.")
+    turn_source = param.String(default="", doc="Per-turn rewards the turn advantages use ('' = the shown version's, "
+                                               "else the first stored).")
+    turn_norm = param.Selector(default="group", objects=list(NORMALISATIONS),
+                               doc="Turn rewards normalised over every turn of the group, per turn index, or not.")
+    turn_gamma = param.Number(default=1.0, bounds=(0.0, 1.0), step=0.05,
+                              doc="Discount of later turns in a turn's advantage (1: summed to go, 0: the turn alone).")
+    turn_gate = param.Boolean(default=False, doc="G-RA over turns: turn rewards count only when the outcome ≥ τ.")
 
     def credit(self) -> Credit:
         return Credit(estimator=self.estimator, beta=float(self.kl_beta), reference=self.reference or None,
                       gamma=float(self.gae_gamma), lam=float(self.gae_lam), values=self.value_source or None)
+
+    def turn_credit(self) -> TurnCredit:
+        return TurnCredit(self.turn_norm, float(self.turn_gamma), float(self.gate_tau) if self.turn_gate else None)
 
     def segmentation(self) -> Segmenter:
         return Segmenter(self.segmenter, self.step_pattern)
