@@ -55,12 +55,13 @@ class Trajectory:
 
     @property
     def text(self) -> str:
-        """The completion as text: the source's, else its tokens' texts, else its turns' texts one per line."""
+        """The completion as text: the source's, else its tokens' texts, else what its assistant turns said, one
+        per line (as a completion given as messages reads: a tool's output is not the policy's answer)."""
         if self.completion is not None:
             return self.completion
         if self.token_texts is not None and all(t is not None for t in self.token_texts):
             return "".join(self.token_texts)
-        return "\n".join(t.text for t in self.turns if t.text)
+        return "\n".join(t.text for t in self.turns if t.role == "assistant" and t.text)
 
     def counts(self) -> tuple[int, int, int]:
         """``(n_turns, n_tool_calls, n_tool_errors)`` (:func:`~studio.ingest.messages.turn_counts`)."""
