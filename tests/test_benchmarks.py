@@ -24,6 +24,7 @@ TIMEOUT_S = 900  # a smoke run takes seconds to a minute or two; a busy 2-core m
 # every benchmark and the figures its smoke run prints
 FIGURES = {
     "bench_advantages": {"advantages_1m_s"},
+    "bench_agent": {"agent_sampling_speed", "agent_branch_vs_fresh"},
     # smoke runs on the CPU too (a tiny Qwen2 stands in for the 0.5B one); the chat policy is full runs only
     "bench_cuda": {f"{f}_{dt}_{m}" for f in ("cuda_sampling_tokens_per_s", "cuda_logprob_sample_vs_score_max_abs_diff",
                                               "cuda_train_step_s")
