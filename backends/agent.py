@@ -203,7 +203,7 @@ def _feed(model, past, feeds: list[list[int]], attn: torch.Tensor, next_pos: tor
     ids = torch.tensor([f + [pad] * (w - len(f)) for f in feeds], device=device)  # [b, w]
     offs = torch.arange(w, device=device)[None]  # [1, w]
     chunk_attn = (offs < lens[:, None]).long()  # [b, w]
-    pos = next_pos[:, None] + offs  # [b, w]: pads take positions past the row's, unseen by any later token
+    pos = next_pos[:, None] + torch.minimum(offs, lens[:, None] - 1)  # [b, w]: a pad repeats its row's last position
     attn = torch.cat([attn, chunk_attn], dim=-1)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kwargs(past), use_cache=True,
                 logits_to_keep=w)
