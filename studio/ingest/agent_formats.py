@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from backends import Turn
 from studio.ingest.errors import Bad, ImportFormatError, Problem
 from studio.ingest.formats import ColumnMapping
 from studio.ingest.messages import message_turns, responses_messages, split_prompt
@@ -85,13 +86,7 @@ def _common(rec: dict, m: ColumnMapping, file_step: int | None) -> dict:
 def _tokens(ids: list[int], mask: list[bool], logprobs: list | None, decode: Decode) -> dict:
     texts = decode(ids) if ids else []
     return {"token_ids": ids, "token_texts": texts, "logprobs": masked_stats(logprobs, mask), "trained": mask,
-            "turns": token_turns(mask, texts) if ids else [_empty_turn()]}
-
-
-def _empty_turn():
-    from backends import Turn
-
-    return Turn("assistant", 0, 0, "")
+            "turns": token_turns(mask, texts) if ids else [Turn("assistant", 0, 0, "")]}
 
 
 def _prompt_text(ids: list[int], decode: Decode) -> str | None:
@@ -99,10 +94,12 @@ def _prompt_text(ids: list[int], decode: Decode) -> str | None:
     return None if texts is None else "".join(texts)
 
 
-def _numbers(d: Any) -> dict[str, float]:
-    """The numeric values of a dict (a reward's extra info)."""
-    return {str(k): float(v) for k, v in (d or {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v} if isinstance(d, dict) else {}
+def _numbers(d: Any, skip: tuple = ()) -> dict[str, float]:
+    """The numeric values of a dict (a record's reward components, a reward's extra info) but those of ``skip``."""
+    if not isinstance(d, dict):
+        return {}
+    return {str(k): float(v) for k, v in d.items()
+            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
 
 
 def _run_turns(turns) -> list[int]:
@@ -177,8 +174,7 @@ def trl_tools(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode
     prompt = rec.get("prompt")
     prompt_ids = as_ids(rec.get("prompt_ids"), "prompt_ids")
     templated = prompt if isinstance(prompt, str) else _prompt_text(prompt_ids, decode)
-    comps = {k: float(v) for k, v in rec.items() if k not in _TRL_KNOWN and k not in (m.step, m.group, m.gold)
-             and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    comps = _numbers(rec, (*_TRL_KNOWN, m.step, m.group, m.gold))
     completion = rec.get("completion")
     return [Trajectory(prompt=prompt_of(prompt if isinstance(prompt, list) else None, templated),
                        completion=completion if isinstance(completion, str) else None,
@@ -279,8 +275,7 @@ def skyrl_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | 
 def _chat_trajectory(messages: list, rec: dict, m: ColumnMapping, file_step: int | None) -> Trajectory:
     prompt, rest = split_prompt(messages)
     turns, _ = message_turns(rest)
-    comps = {k: float(v) for k, v in rec.items() if k not in ("step", "global_step", "reward", "score", "advantage")
-             and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+    comps = _numbers(rec, ("step", "global_step", "reward", "score", "advantage", m.step, m.group, m.gold))
     total = number(rec.get("reward", rec.get("score")), "reward")
     fin = rec.get("finish_reason")
     return Trajectory(prompt=prompt_of(prompt, None), turns=turns, total=total if total is not None else

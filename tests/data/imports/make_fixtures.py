@@ -69,16 +69,22 @@ def logprobs(rng, n: int) -> list[float]:
     return [round(float(-abs(v)), 4) for v in rng.normal(0, 0.8, n)]
 
 
+def response(rng, segs) -> tuple[list[int], list[int], list[float]]:
+    """A whole response's token ids, loss mask and log-probs (0.0 on tool tokens, as verl and TRL pad them)."""
+    ids_, mask, lps = [], [], []
+    for seg_ids, trained, *_ in segs:
+        ids_ += seg_ids
+        mask += [int(trained)] * len(seg_ids)
+        lps += logprobs(rng, len(seg_ids)) if trained else [0.0] * len(seg_ids)
+    return ids_, mask, lps
+
+
 def verl_agent(rng) -> list[dict]:
     """verl's AgentLoopOutput (agent_loop.py) dumped one per line, as tool_agent_loop.py fills it."""
     out = []
     for k in range(4):
         prompt, prompt_text, gold, segs = trajectory(k)
-        resp, mask, lps = [], [], []
-        for seg_ids, trained, *_ in segs:
-            resp += seg_ids
-            mask += [int(trained)] * len(seg_ids)
-            lps += logprobs(rng, len(seg_ids)) if trained else [0.0] * len(seg_ids)  # verl pads tool tokens with 0.0
+        resp, mask, lps = response(rng, segs)
         answers = [a for *_, role, _, a in segs if role == "tool" for a in a]
         correct = float(f"\\boxed{{{gold}}}" in segs[-1][3])
         out.append({"prompt_ids": ids(prompt_text), "response_ids": resp, "response_mask": mask,
@@ -120,11 +126,7 @@ def trl(rng) -> pa.Table:
     rows = []
     for k in range(4):
         prompt, prompt_text, gold, segs = trajectory(k)
-        comp, mask, lps = [], [], []
-        for seg_ids, trained, *_ in segs:
-            comp += seg_ids
-            mask += [int(trained)] * len(seg_ids)
-            lps += logprobs(rng, len(seg_ids)) if trained else [0.0] * len(seg_ids)
+        comp, mask, lps = response(rng, segs)
         correct = float(f"\\boxed{{{gold}}}" in segs[-1][3])
         rows.append({"step": 3, "prompt": prompt_text, "prompt_ids": ids(prompt_text), "completion_ids": comp,
                      "logprobs": lps, "env_mask": mask, "accuracy_reward": correct, "advantage": correct - 0.5})
