@@ -91,7 +91,9 @@ class OverlappedSampler:
         self.inbox, out = ctx.Pipe(duplex=False)
         self.stop = ctx.Event()
         self.publish(model, first - 1)
-        self.proc = ctx.Process(target=sampler_worker, daemon=True, name="minirun-sampler", args=(
+        # not a daemon: on an agent task it starts its tools' sandbox process (a daemon may have no children);
+        # it ends with the trainer all the same (close, exit_with_parent)
+        self.proc = ctx.Process(target=sampler_worker, daemon=False, name="minirun-sampler", args=(
             folder, self.buffers, self.published, cfg.to_dict(), prompts_json, order, first, task_spec, out, self.stop,
             os.getpid()))
         self.proc.start()
