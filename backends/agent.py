@@ -18,7 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from .policy import _check_context, _left_pad, _next_token, _stop_ids, cache_kwargs, kv_cache, token_texts
+from .policy import (
+    _check_context,
+    _left_pad,
+    _next_token,
+    _stop_ids,
+    cache_kwargs,
+    kv_cache,
+    token_stats,
+    token_texts,
+)
 from .trajectory import Trajectory, kept_turns
 from .types import AgentEnv, Generation, Turn
 
@@ -104,7 +113,7 @@ def branch_agent(model, tokenizer, prompt: str, prefix_ids: list[int], prefix_ma
     stats = _Stats(B, max_new_tokens, k, device)
     if P:
         logp = torch.log_softmax(logits[:P], -1)  # [P, V]
-        lp, ent, tkl, tki = _token_stats(logp, torch.tensor(prefix_ids, device=device), k)
+        lp, ent, tkl, tki = token_stats(logp, torch.tensor(prefix_ids, device=device), k)
         m = torch.tensor(mask, device=device)
         nan = torch.tensor(float("nan"), device=device)
         stats.lp[:, :P] = torch.where(m, lp, nan)
@@ -138,13 +147,6 @@ class _Stats:
         self.tkl = torch.full((B, budget, k), nan, device=device)
 
 
-def _token_stats(logp: torch.Tensor, tokens: torch.Tensor, k: int):
-    """Log-prob of ``tokens``, entropy and top-k of the rows of ``logp`` [N, V] (N = rows)."""
-    ent = -(logp.exp() * logp).sum(-1)  # [N]
-    tkl, tki = logp.topk(k, dim=-1)  # [N, k]
-    return logp.gather(-1, tokens[:, None]).squeeze(-1), ent, tkl, tki
-
-
 def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: list[Trajectory], stats: _Stats,
           past, logits: torch.Tensor, attn: torch.Tensor, next_pos: torch.Tensor, max_turns: int, budget: int,
           temperature: float, top_p: float, gen: torch.Generator, force: torch.Tensor | None) -> None:
@@ -166,7 +168,7 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
         active = [j for j, r in enumerate(live_rows) if not r.done]
         at = torch.tensor(active, device=device)
         where = torch.tensor([len(live_rows[j].ids) for j in active], device=device)
-        lp, ent, tkl, tki = _token_stats(logp[at], nxt[at], stats.tki.shape[-1])
+        lp, ent, tkl, tki = token_stats(logp[at], nxt[at], stats.tki.shape[-1])
         r_at = live[at]
         stats.lp[r_at, where], stats.ent[r_at, where] = lp, ent
         stats.tkl[r_at, where], stats.tki[r_at, where] = tkl, tki

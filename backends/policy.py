@@ -195,14 +195,10 @@ def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, 
             past = kv_cache(out)
             logits = out.logits[:, -1, :].float()  # [b, V]
         logp = torch.log_softmax(logits, dim=-1)  # [b, V]
-        probs = logp.exp()
-        out_ent[live, t] = -(probs * logp).sum(-1)
-        tkl, tki = logp.topk(k, dim=-1)  # [b, k]
-        out_tkl[live, t], out_tki[live, t] = tkl, tki
-        nxt = _next_token(logits, probs, temperature, top_p, gen)
+        nxt = _next_token(logits, logp.exp(), temperature, top_p, gen)
         nxt = torch.where(d, torch.full_like(nxt, pad_id), nxt)
         out_ids[live, t] = nxt
-        out_lp[live, t] = logp.gather(-1, nxt[:, None]).squeeze(-1)
+        out_lp[live, t], out_ent[live, t], out_tkl[live, t], out_tki[live, t] = token_stats(logp, nxt, k)
         hit = torch.isin(nxt, stop) & ~d
         lengths[live] = torch.where(hit, torch.full_like(nxt, t + 1), lengths[live])
         d |= hit
@@ -221,6 +217,14 @@ def _decode(model, tokenizer, past, step_ids, attn, step_pos, done, steps: int, 
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
         step_pos = step_pos[:, -1:] + 1
     return out_ids, out_lp, out_ent, out_tki, out_tkl, lengths, done
+
+
+def token_stats(logp: torch.Tensor, tokens: torch.Tensor, k: int):
+    """The statistics of ``tokens`` [N] under the rows of ``logp`` [N, V] (log pi at temperature 1):
+    their log-probs [N], the entropies [N], the top-k log-probs and ids [N, k]."""
+    ent = -(logp.exp() * logp).sum(-1)  # [N]
+    tkl, tki = logp.topk(k, dim=-1)  # [N, k]
+    return logp.gather(-1, tokens[:, None]).squeeze(-1), ent, tkl, tki
 
 
 def _next_token(logits, probs, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
