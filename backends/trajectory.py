@@ -118,6 +118,14 @@ def kept_turns(turns: list[Turn] | None, fork: int) -> tuple[list[Turn], int]:
     Turns that end before the fork are kept as they were; the assistant turn the fork falls in is
     continued (it starts where it started). A fork inside a tool turn is refused: those tokens are
     the environment's, not the policy's.
+
+    >>> turns = [Turn("assistant", 0, 5), Turn("tool", 5, 8), Turn("assistant", 8, 12)]
+    >>> [(t.role, t.start) for t in kept_turns(turns, 10)[0]], kept_turns(turns, 10)[1]
+    ([('assistant', 0), ('tool', 5)], 8)
+    >>> kept_turns(turns, 6)
+    Traceback (most recent call last):
+    ...
+    ValueError: position 6 is in a tool turn: its tokens are the environment's, not the policy's, so a branch cannot start there; fork at a token of an assistant turn
     """
     kept, start = [], 0
     for t in turns or []:
