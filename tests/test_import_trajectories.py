@@ -326,3 +326,15 @@ def test_a_tailed_agent_dump_imports_the_lines_appended_since(store, tmp_path):
     assert tailer.poll().n_rollouts == 2
     assert store.scalar("SELECT count(*) FROM tokens WHERE NOT trained") == 170
     assert store.scalar("SELECT count(DISTINCT rollout_id) FROM turns") == 4
+
+
+def test_enriching_an_imported_trajectory_leaves_its_tool_tokens_without_statistics(store):
+    from studio.runs import enrich
+
+    rep = import_run(store, DATA / FIXTURES["trl-tools"], tokenizer=TOKENIZER)
+    assert enrich.needs_enrich(store, run_id=rep.run_id).missing.tolist() == ["stats"] * 4  # no entropies
+    enrich.enrich_sync(store, "sample-chat", run_id=rep.run_id)
+    assert store.scalar("SELECT count(*) FROM tokens WHERE NOT trained AND (logprob IS NOT NULL OR entropy IS NOT "
+                        "NULL OR topk_ids IS NOT NULL)") == 0
+    assert store.scalar("SELECT count(*) FROM tokens WHERE trained AND entropy IS NULL") == 0
+    assert enrich.needs_enrich(store, run_id=rep.run_id).empty

@@ -60,18 +60,20 @@ def _scope_sql(run_id: str | None, rollout_ids: list[str] | None) -> tuple[str, 
 def needs_enrich(store: Store, run_id: str | None = None, rollout_ids: list[str] | None = None,
                  limit: int | None = None) -> pd.DataFrame:
     """Rollouts of the scope lacking token rows, ids, log-probs or entropy, with what they lack
-    (``missing``: ``tokens`` | ``ids`` | ``stats``)."""
+    (``missing``: ``tokens`` | ``ids`` | ``stats``). A tool response's tokens (not trained) have no
+    statistics by design: they lack nothing."""
     cond, params = _scope_sql(run_id, rollout_ids)
     lim = f"LIMIT {int(limit)}" if limit else ""
     return store.df(f"""
         WITH t AS (SELECT t.rollout_id, count(*) AS n, count(t.token_id) AS n_ids,
+                          count(*) FILTER (WHERE coalesce(t.trained, true)) AS n_own,
                           count(t.logprob) AS n_lp, count(t.entropy) AS n_ent
                    FROM tokens t WHERE t.rollout_id IN (SELECT ro.rollout_id FROM rollouts ro WHERE {cond})
                    GROUP BY t.rollout_id)
         SELECT ro.rollout_id, CASE WHEN t.n IS NULL THEN 'tokens' WHEN t.n_ids < t.n THEN 'ids' ELSE 'stats' END
                    AS missing
         FROM rollouts ro LEFT JOIN t USING (rollout_id)
-        WHERE {cond} AND (t.n IS NULL OR t.n_ids < t.n OR t.n_lp < t.n OR t.n_ent < t.n)
+        WHERE {cond} AND (t.n IS NULL OR t.n_ids < t.n OR t.n_lp < t.n_own OR t.n_ent < t.n_own)
         ORDER BY ro.rollout_id {lim}""", params + params)
 
 
@@ -197,12 +199,13 @@ async def enrich(store: Store, policy_path: str | Path, run_id: str | None = Non
                 filled = [f["rollout_id"][0] for f in fill if f["rollout_id"]]
                 store.unshard(filled, cur)  # rows in a bulk import's Parquet shard: into token_rows, to be updated
                 cur.register("_enrich_fill", _table(_concat(fill)))
-                try:  # a source's own values win: only NULLs are filled
+                try:  # a source's own values win: only NULLs are filled; a tool response's tokens get no statistics
                     cur.execute("""UPDATE token_rows t SET token_id = coalesce(t.token_id, f.token_id),
-                                       logprob = coalesce(t.logprob, f.logprob),
-                                       entropy = coalesce(t.entropy, f.entropy),
-                                       topk_ids = coalesce(t.topk_ids, f.topk_ids),
-                                       topk_logprobs = coalesce(t.topk_logprobs, f.topk_logprobs)
+                                       logprob = CASE WHEN coalesce(t.trained, true) THEN coalesce(t.logprob, f.logprob) END,
+                                       entropy = CASE WHEN coalesce(t.trained, true) THEN coalesce(t.entropy, f.entropy) END,
+                                       topk_ids = CASE WHEN coalesce(t.trained, true) THEN coalesce(t.topk_ids, f.topk_ids) END,
+                                       topk_logprobs = CASE WHEN coalesce(t.trained, true)
+                                                       THEN coalesce(t.topk_logprobs, f.topk_logprobs) END
                                    FROM _enrich_fill f WHERE t.rollout_id = f.rollout_id AND t.pos = f.pos""")
                 finally:
                     cur.unregister("_enrich_fill")
