@@ -201,15 +201,17 @@ class Studio(StudioViews):
     # -- actions (the UI's code paths) ---------------------------------------------------
     def generate(self, prompts: str | Iterable[str] | Iterable[Prompt] = (), *, group_size: int = 8,
                  temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 48, seed: int = 0,
-                 top_k_stats: int = 5, task: str = "arithmetic", draw: int = 0, split: str | None = None,
-                 name: str | None = None, policy: str | Path | None = None, progress: bool = False) -> GenerateResult:
+                 top_k_stats: int = 5, max_turns: int = 8, task: str = "arithmetic", draw: int = 0,
+                 split: str | None = None, name: str | None = None, policy: str | Path | None = None,
+                 progress: bool = False) -> GenerateResult:
         """Sample ``group_size`` completions per prompt in the worker, score and store them, as
         the Generate panel does (then score them with the active rule version too).
 
         ``prompts`` are typed texts of ``task`` or prompts drawn from the store
         (:meth:`draw_prompts`); ``draw=N`` adds N prompts drawn from the task (a stored prompt
         set's ``split``; the sample task's generator), seeded by ``seed``. A chat prompt is
-        rendered with the policy's chat template.
+        rendered with the policy's chat template. On a task with tools (``calculator_agent``) every
+        completion is an agent trajectory of up to ``max_turns`` tool calls.
 
         Raises:
             TaskParseError, ConfigError, PolicyLoadError, UnknownTaskError: bad prompts, task,
@@ -231,7 +233,7 @@ class Studio(StudioViews):
         if draw:
             texts += draw_prompts(self.store, task, int(draw), seed=seed, split=split)
         config = GenerateConfig(group_size=group_size, temperature=temperature, top_p=top_p,
-                                max_new_tokens=max_new_tokens, seed=seed, top_k_stats=top_k_stats)
+                                max_new_tokens=max_new_tokens, seed=seed, top_k_stats=top_k_stats, max_turns=max_turns)
 
         def report(done: int, total: int, msg: str) -> None:
             print(f"\r{msg}", end="" if done < total else "\n", flush=True)

@@ -60,7 +60,7 @@ def main(argv: list[str], prog: str = f"{PROG} generate") -> int:
     try:
         res = s.generate(prompts, group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
                          max_new_tokens=args.max_new_tokens, seed=args.seed, top_k_stats=args.top_k_stats,
-                         task=args.task, name=args.name, progress=True)
+                         max_turns=args.max_turns, task=args.task, name=args.name, progress=True)
     except (TaskParseError, ConfigError, PolicyLoadError, UnknownTaskError) as exc:
         _err(exc)
         return BAD_INPUT
