@@ -192,6 +192,10 @@ def test_token_ids_without_a_tokenizer_are_kept_undecoded(store):
     assert store.scalar("SELECT count(*) FROM tokens WHERE NOT trained") == 170
     with pytest.raises(ImportFormatError, match="no tokenizer.json"):
         import_run(store, DATA / FIXTURES["verl-agent"], tokenizer=DATA)
+    rep = import_run(store, DATA / FIXTURES["skyrl"])  # no prompt messages either: the ids tell prompts apart
+    texts = store.df("SELECT DISTINCT p.text FROM rollouts r JOIN prompts p USING (prompt_id) WHERE run_id = ?",
+                     [rep.run_id]).text.tolist()
+    assert len(texts) == 2 and all("import with a tokenizer" in t for t in texts)
 
 
 def test_a_single_turn_import_counts_one_assistant_turn(store, tmp_path):

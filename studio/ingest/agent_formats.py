@@ -94,6 +94,16 @@ def _prompt_text(ids: list[int], decode: Decode) -> str | None:
     return None if texts is None else "".join(texts)
 
 
+def _token_prompt(messages: list | None, ids: list[int], decode: Decode) -> tuple:
+    """The prompt of a token format: its messages where the record keeps them, its ids decoded, else (no
+    tokenizer) a text saying so, keyed by the ids (the same ids are one prompt, one group)."""
+    templated = _prompt_text(ids, decode)
+    if messages or templated is not None:
+        return prompt_of(messages, templated)
+    text = f"(a prompt of {len(ids)} token ids: import with a tokenizer to read it)"
+    return text, f"{text} {ids}", None, None
+
+
 def _numbers(d: Any, skip: tuple = ()) -> dict[str, float]:
     """The numeric values of a dict (a record's reward components, a reward's extra info) but those of ``skip``."""
     if not isinstance(d, dict):
@@ -130,9 +140,11 @@ def verl_agent(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decod
     per_turn: dict[int, float] = {}
     runs = _run_turns(turns)
     scores = extra.get("turn_scores") or []
-    if not isinstance(scores, list) or len(scores) > len(runs):
-        raise Bad(f"'extra_fields.turn_scores' has {len(scores) if isinstance(scores, list) else 'no list of'} "
-                  f"scores but the response has {len(runs)} assistant turns")
+    if not isinstance(scores, list):
+        raise Bad("'extra_fields.turn_scores' must be a list")
+    if len(scores) > len(runs):
+        raise Bad(f"'extra_fields.turn_scores' has {len(scores)} scores but the response has {len(runs)} "
+                  "assistant turns")
     for k, v in enumerate(scores):
         _add(per_turn, runs[k], number(v, "turn_scores"))
     tool_rewards = extra.get("tool_rewards") or []
@@ -151,7 +163,7 @@ def verl_agent(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decod
         _add(per_turn, callers[k], number(v, "tool_rewards"))
     raw = extra.get("raw_prompt")
     prompt_ids = as_ids(rec.get("prompt_ids"), "prompt_ids")
-    return [Trajectory(prompt=prompt_of(raw if isinstance(raw, list) else None, _prompt_text(prompt_ids, decode)),
+    return [Trajectory(prompt=_token_prompt(raw if isinstance(raw, list) else None, prompt_ids, decode),
                        total=number(rec.get("reward_score"), "reward_score"),
                        components=_numbers(extra.get("reward_extra_info")), turn_rewards=per_turn,
                        **tok, **_common(rec, m, file_step))]
@@ -173,10 +185,10 @@ def trl_tools(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode
     logprobs = as_numbers(lp, "logprobs", len(ids), "completion_ids") if lp is not None else None
     prompt = rec.get("prompt")
     prompt_ids = as_ids(rec.get("prompt_ids"), "prompt_ids")
-    templated = prompt if isinstance(prompt, str) else _prompt_text(prompt_ids, decode)
     comps = _numbers(rec, (*_TRL_KNOWN, m.step, m.group, m.gold))
     completion = rec.get("completion")
-    return [Trajectory(prompt=prompt_of(prompt if isinstance(prompt, list) else None, templated),
+    return [Trajectory(prompt=prompt_of(None, prompt) if isinstance(prompt, str) else
+                       _token_prompt(prompt if isinstance(prompt, list) else None, prompt_ids, decode),
                        completion=completion if isinstance(completion, str) else None,
                        total=sum(comps.values()) if comps else None, components=comps,
                        advantage=number(rec.get("advantage"), "advantage"),
@@ -236,7 +248,7 @@ def skyrl_steps(steps: list[dict], m: ColumnMapping, file_step: int | None, deco
     if first.get("trajectory_ids") is not None and common["group"] is None:
         common["group"] = _trajectory_id(first["trajectory_ids"])[1]  # the prompt's instance: one GRPO group
     fin = last.get("stop_reasons")
-    return Trajectory(prompt=prompt_of(None, _prompt_text(prompt_ids, decode)), total=sum(total) if total else None,
+    return Trajectory(prompt=_token_prompt(None, prompt_ids, decode), total=sum(total) if total else None,
                       turn_rewards=per_turn, finish_reason=fin if isinstance(fin, str) else None, **tok, **common)
 
 
