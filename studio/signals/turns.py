@@ -54,15 +54,15 @@ def gate_turns(turn_values, outcome: float | None, tau: float) -> np.ndarray:
 
     >>> gate_turns([0.2, 0.3], 1.0, tau=1.0).tolist(), gate_turns([0.2, 0.3], 0.0, tau=1.0).tolist()
     ([0.2, 1.3], [0.0, 0.0])
-    >>> gate_turns([0.5, np.nan], 1.0, tau=0.5).tolist()  # a turn without a reward stays without one
-    [0.5, 1.0]
+    >>> gate_turns([np.nan, 0.5, np.nan], 1.0, tau=0.5).tolist()  # the last turn carries the outcome
+    [nan, 0.5, 1.0]
     """
     v = np.asarray(turn_values, dtype=np.float64)
     if v.size == 0:
         return v
     if outcome is None or outcome != outcome:
         return np.full(v.size, np.nan)
-    out = np.where(np.isnan(v), np.nan, v) if outcome >= tau else np.where(np.isnan(v), np.nan, 0.0)
+    out = v.copy() if outcome >= tau else np.where(np.isnan(v), np.nan, 0.0)
     out[-1] = (0.0 if np.isnan(out[-1]) else out[-1]) + float(outcome)
     return out
 
