@@ -169,9 +169,9 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         groups = np.array([g.prompt_index for g in gens])
         adv = _advantages(cfg.estimator, total, groups)
         thr = entropy_threshold([g.entropies for g in gens], cfg.entropy_q)
-        emasks = [np.ones(g.n_tokens, np.float32) if thr is None else (g.entropies >= thr).astype(np.float32)
-                  for g in gens]
         lmasks = [g.mask for g in gens]  # an agent trajectory's tool tokens: False (never trained)
+        emasks = [np.ones(g.n_tokens, np.float32) if thr is None
+                  else (np.where(g.mask, g.entropies, -np.inf) >= thr).astype(np.float32) for g in gens]
         c_ids = [g.token_ids.tolist() for g in gens]
         C = max(1, max(len(c) for c in c_ids))
         em = torch.zeros(len(gens), C, device=device)
@@ -231,8 +231,8 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
             metrics |= agent_metrics(gens)
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
-                         token_weights=[float(x) * m * lm for x, m, lm in zip(adv, emasks, lmasks, strict=True)], metrics=metrics,
-                         reward_errors=reward_errors)
+                         token_weights=[float(x) * m * lm for x, m, lm in zip(adv, emasks, lmasks, strict=True)],
+                         metrics=metrics, reward_errors=reward_errors)
         queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
                    "prompts_gold": [p.gold for p in picked]})
         stopping = stop.is_set()
