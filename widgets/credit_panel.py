@@ -113,7 +113,7 @@ def turn_controls(state: StudioState, source: pn.widgets.Select) -> pn.Column:
     """The per-turn credit settings (a store with agent trajectories only): the turn-reward
     source, how turn rewards are normalised over the group, the discount γ of later turns, and
     the G-RA gate by the outcome (its τ is the steps' *Gate τ*); shown once there are turn
-    rewards to act on, τ once the gate is on."""
+    rewards to act on, τ once the gate is on (here unless the steps' outcome row shows it)."""
     norm = pn.widgets.Select.from_param(state.param.turn_norm, name="Turns normalised", options=TURN_NORMS,
                                         width=170, css_classes=["turn-norm"])
     gamma = pn.widgets.FloatInput.from_param(state.param.turn_gamma, name="γ (later turns)", width=95,
@@ -127,11 +127,11 @@ def turn_controls(state: StudioState, source: pn.widgets.Select) -> pn.Column:
 
     def show_relevant(*_):
         settings.visible = len(source.options) > 1
-        tau.visible = state.turn_gate
+        tau.visible = state.turn_gate and not state.step_source
 
     show_relevant()
     source.param.watch(show_relevant, "options")
-    state.param.watch(show_relevant, ["turn_gate"])
+    state.param.watch(show_relevant, ["turn_gate", "step_source"])
     return pn.Column(source, settings, sizing_mode="stretch_width", margin=0, css_classes=["turn-credit"])
 
 
