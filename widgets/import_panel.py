@@ -100,6 +100,9 @@ class ImportPanel(pn.viewable.Viewer):
                                                      color="light", width=150, css_classes=["import-on-error"])
         self._name = pn.widgets.TextInput(name="Run name", placeholder="(from the folder)", width=200,
                                           css_classes=["import-name"])
+        self._tokenizer = pn.widgets.TextInput(name="Tokenizer (token ids of agent dumps)",
+                                               placeholder="policy folder, or sample-chat", width=240,
+                                               css_classes=["import-tokenizer"])
         self._tail = pn.widgets.Checkbox(name="Keep watching the folder for new steps", value=False,
                                          css_classes=["import-tail"])
         self._mapping = {s.name: widget_for(s, label=s.name, placeholder=s.help, description=None, width=150,
@@ -172,14 +175,16 @@ class ImportPanel(pn.viewable.Viewer):
                 _head("Import a training run"),
                 pn.pane.HTML('<div class="hint">TRL GRPO <code>completions/completions_*.parquet</code> · verl '
                              '<code>{step}.jsonl</code> dumps · OpenRLHF / RL-Logging-Board JSONL · any JSONL or '
-                             'Parquet with a column mapping.</div>', stylesheets=[PANEL_CSS], margin=(0, 10)),
+                             'Parquet with a column mapping · agent trajectories of verl, SkyRL, TRL, rLLM, OpenAI '
+                             'chat or Responses (their token ids decoded with the tokenizer named).</div>',
+                             stylesheets=[PANEL_CSS], margin=(0, 10)),
                 self._source,
                 pn.pane.HTML('<div class="hint">…or pick files in the browser:</div>', stylesheets=[PANEL_CSS],
                              margin=(0, 10)),
                 self._upload,
-                pn.Row(self._format, self._name, pn.Column(pn.pane.HTML('<div class="hint">Malformed lines</div>',
+                pn.FlexBox(self._format, self._name, self._tokenizer, pn.Column(pn.pane.HTML('<div class="hint">Malformed lines</div>',
                                                                         stylesheets=[PANEL_CSS], margin=(0, 5)),
-                                                           self._on_error)),
+                                                           self._on_error), sizing_mode="stretch_width"),
                 self._mapping_box, self._tail,
                 pn.Row(self._go, self._stop), self._progress, self._message,
                 _head("Watched folders"), self._tails, self._stop_tail,
@@ -289,6 +294,7 @@ class ImportPanel(pn.viewable.Viewer):
             self._message.object = banner("error", f"Not found on the server: {', '.join(missing)}")
             return
         fmt = None if self._format.value == AUTO else self._format.value
+        tokenizer = self._tokenizer.value.strip() or None
         store = self.state.store
         with self._job.claim() as cancel:
             self._message.object = banner("info", f"Importing {len(paths)} path(s)…")
@@ -296,7 +302,8 @@ class ImportPanel(pn.viewable.Viewer):
             def work(report):
                 return importers.import_run(store, paths if len(paths) > 1 else paths[0], fmt, mapping=mapping,
                                             on_error=self._on_error.value, name=self._name.value.strip() or None,
-                                            progress=report, cancel=cancel, tail=self._tail.value)
+                                            progress=report, cancel=cancel, tail=self._tail.value,
+                                            tokenizer=tokenizer)
 
             def progress(done: int, total: int) -> None:
                 self._progress.value = int(100 * done / total)
@@ -325,7 +332,8 @@ class ImportPanel(pn.viewable.Viewer):
                 self._message.object += banner("warn", "Keep watching follows folders: the files picked alone "
                                                        "are not watched.")
             for folder in folders:
-                tailers.watch(store, folder, fmt=fmt, mapping=mapping, on_error="skip", run_id=report.run_id)
+                tailers.watch(store, folder, fmt=fmt, mapping=mapping, on_error="skip", run_id=report.run_id,
+                              tokenizer=tokenizer)
         self._upload.value = None  # uploaded files are imported once
         self.state.param.update(refresh=self.state.refresh + 1, jump_run=report.run_id)  # refills the pickers
         if report.run_id in self._enrich_run.options.values():
