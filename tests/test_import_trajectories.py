@@ -342,3 +342,20 @@ def test_enriching_an_imported_trajectory_leaves_its_tool_tokens_without_statist
                         "NULL OR topk_ids IS NOT NULL)") == 0
     assert store.scalar("SELECT count(*) FROM tokens WHERE trained AND entropy IS NULL") == 0
     assert enrich.needs_enrich(store, run_id=rep.run_id).empty
+
+
+def test_a_tailed_step_wise_skyrl_dump_waits_for_a_trajectorys_last_step(store, tmp_path):
+    from studio.ingest.tail import Tailer
+
+    recs = (DATA / FIXTURES["skyrl"]).read_text().splitlines(keepends=True)
+    d = tmp_path / "dump"
+    d.mkdir()
+    f = d / "steps.jsonl"
+    f.write_text("".join(recs[:5]))  # the third trajectory's first step, its last one not written yet
+    tailer = Tailer(store, d, tokenizer=TOKENIZER)
+    rep = tailer.poll()
+    assert (rep.n_rollouts, rep.n_skipped) == (2, 0)
+    f.write_text("".join(recs))
+    rep = tailer.poll()
+    assert (rep.n_rollouts, rep.n_skipped) == (2, 0)
+    assert rollouts(store).n_tokens.tolist() == [124, 148, 223, 33]

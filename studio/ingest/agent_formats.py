@@ -252,6 +252,26 @@ def skyrl_steps(steps: list[dict], m: ColumnMapping, file_step: int | None, deco
                       turn_rewards=per_turn, finish_reason=fin if isinstance(fin, str) else None, **tok, **common)
 
 
+def skyrl_unfinished(recs: list[tuple[int, Any]]) -> int | None:
+    """The first line from which a file being written holds a step-wise trajectory whose last step is not
+    there yet (a tail poll leaves it, and what follows, for the next poll); None when all are finished."""
+    cut = None
+    while True:
+        open_: dict[str, int] = {}  # trajectory key -> its first line
+        for line, rec in recs:
+            if cut is not None and line >= cut:
+                break
+            if isinstance(rec, dict) and rec.get("is_last_step") is not None:
+                key = _trajectory_id(rec.get("trajectory_ids"))[0]
+                if rec["is_last_step"]:
+                    open_.pop(key, None)
+                else:
+                    open_.setdefault(key, line)
+        if not open_:
+            return cut
+        cut = min(open_.values())  # earlier than before: the trajectories it cuts short move it again
+
+
 def skyrl_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | None, file: str,
                 decode: Decode) -> tuple[list[Trajectory], list[Problem]]:
     """SkyRL rows: a step-wise row (``is_last_step`` set) waits for the rest of its trajectory; a

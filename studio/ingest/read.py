@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pyarrow.parquet as pq
 
-from studio.ingest.agent_formats import agent_batch
+from studio.ingest.agent_formats import agent_batch, skyrl_unfinished
 from studio.ingest.errors import ImportFormatError, Problem
 from studio.ingest.formats import (
     AGENT_FORMATS,
@@ -122,7 +122,8 @@ def read_source(path: Path, fmt: str, user: ColumnMapping | None, start: int, ta
                       functools.cache(lambda: _first_line(path, start)))  # a tail poll of a long file: only if needed
     # the slow path: each line on its own, so each bad one is named
     first, recs, problems = _first_line(path, start), [], []
-    for i, raw in enumerate(data.split(b"\n")):
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
@@ -130,6 +131,11 @@ def read_source(path: Path, fmt: str, user: ColumnMapping | None, start: int, ta
         except (ValueError, RecursionError) as exc:
             msg = str(exc).split(": line")[0] if isinstance(exc, json.JSONDecodeError) else exc.__class__.__name__
             problems.append(Problem(str(path), first + i, f"not valid JSON ({msg})"))
+    cut = skyrl_unfinished(recs) if tail and fmt == "skyrl" else None
+    if cut is not None:  # a trajectory still being written: read again from its first step next poll
+        end = start + sum(len(raw) + 1 for raw in lines[:cut - first])
+        recs = [r for r in recs if r[0] < cut]
+        problems = [p for p in problems if p.line < cut]
     objs = [o for _, o in recs if isinstance(o, dict)]
     if not objs:  # no line is an object: every line is a problem, whatever the format
         problems += [Problem(str(path), ln, f"expected a JSON object, got {value_kind(o)}") for ln, o in recs]
