@@ -665,7 +665,7 @@ def test_an_unknown_task_is_refused_before_anything_is_written(tmp_path, store, 
     d.mkdir()
     write_jsonl(d / "0.jsonl", [{"input": "Q: 1+1=", "output": "1+1=2;A:2", "score": 1.0, "step": 0}])
     before = fingerprint(store)
-    with pytest.raises(UnknownTaskError, match="unknown task 'gsm8k'; known tasks: arithmetic, import"):
+    with pytest.raises(UnknownTaskError, match="unknown task 'gsm8k'; known tasks: arithmetic, calculator_agent, import"):
         import_run(store, [d], "verl", task="gsm8k")
     assert fingerprint(store) == before
     assert import_run(store, [d], "verl", task="arithmetic").n_rollouts == 1  # a registered task is fine
