@@ -359,7 +359,7 @@ class RolloutTable(pn.viewable.Viewer):
             self._table.value = df
         finally:
             self._selecting = False
-        self._select_shown()
+        self._select_shown(new_rows=True)
         groups = list(dict.fromkeys(df["group_id"]))
         if groups != self.state.page_groups:
             self.state.page_groups = groups
@@ -382,15 +382,24 @@ class RolloutTable(pn.viewable.Viewer):
         self._note.param.update(object=banner("warn", note) if note else "", visible=bool(note))
 
     @param.depends("state.rollout_id", watch=True)
-    def _select_shown(self) -> None:
-        """Select the row of the rollout the page shows when it is on the page shown, else none."""
+    def _select_shown(self, new_rows: bool = False) -> None:
+        """Select the row of the rollout the page shows when it is on the page shown, else none.
+
+        ``new_rows``: the rows were just replaced. When the shown rollout is not among them, Panel has
+        already emptied the selection here, but the browser still holds its old one over the new rows
+        (a row at the old position counts as selected there, and the first click on it was lost: a
+        filter that dropped the shown row, then a click on a row, opened nothing); a selection made and
+        cleared brings the browser's in line."""
         df = self._table.value
         rid = self.state.rollout_id
         rows = [int(i) for i in np.flatnonzero(df["rollout_id"].to_numpy() == rid)[:1]] if rid else []
-        if rows == self._table.selection:
+        resync = new_rows and not rows and len(df) > 0
+        if rows == self._table.selection and not resync:
             return
         self._selecting = True
         try:
+            if resync:
+                self._table.selection = [0]
             self._table.selection = rows
         finally:
             self._selecting = False
