@@ -237,6 +237,11 @@ def test_filters_keep_trajectories_by_turns_tool_and_failures(world):
     assert kept(min_turns=3, reward_min=0.05) == {ids["hostile"]}
     f = RolloutFilter(min_turns=2)
     assert set(queries.rollout_table(store, f, sort=("reward", True))["rollout_id"]) == kept(min_turns=2)
+    # the Python API shares them
+    from studio.face.api import Studio
+
+    assert set(Studio(store, None).rollouts(min_turns=4, tool="calculator", tool_errors=True)["rollout_id"]) \
+        == {ids["retry"]}
 
 
 def test_the_table_shows_turns_and_its_filters_only_with_trajectories(world, tmp_path):

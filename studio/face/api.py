@@ -120,7 +120,8 @@ class Studio(StudioViews):
     def rollouts(self, run: str | None = None, prompt: str | None = None, correct: bool | None = None,
                  reward: tuple[float | None, float | None] | None = None, group: str | None = None,
                  step: int | None = None, rule_version: str | None = None, estimator: str = "grpo",
-                 limit: int = 1000, offset: int = 0) -> pd.DataFrame:
+                 limit: int = 1000, offset: int = 0, min_turns: int | None = None, tool: str | None = None,
+                 tool_errors: bool | None = None) -> pd.DataFrame:
         """Rollouts as the table shows them: prompt, completion, reward, advantage, accuracy,
         length, run, … Filters run in DuckDB, one page of ``limit`` rows from ``offset``.
 
@@ -133,6 +134,9 @@ class Studio(StudioViews):
             step: one training step's rollouts (mini-runs, imports).
             rule_version: whose rewards (default: each rollout's most recent scoring).
             estimator: the advantage column's estimator (``studio.signals.advantages.ESTIMATORS``).
+            min_turns: agent trajectories of at least this many turns (a single answer is one).
+            tool: trajectories that called this tool.
+            tool_errors: True / False keeps trajectories with at least one failed tool call / none.
 
         Raises:
             StudioAPIError: an argument of the wrong type or out of range, or an unknown
@@ -142,10 +146,13 @@ class Studio(StudioViews):
 
         if not isinstance(estimator, str) or estimator not in ESTIMATORS:
             raise StudioAPIError(f"unknown estimator {short(estimator)}; one of {', '.join(ESTIMATORS)}")
-        for name, value in (("run", run), ("prompt", prompt), ("group", group)):
+        for name, value in (("run", run), ("prompt", prompt), ("group", group), ("tool", tool)):
             arg_text(name, value)
-        if correct is not None and not isinstance(correct, (bool, np.bool_)):
-            raise StudioAPIError(f"correct must be True, False or None, got {short(correct)}")
+        for name, value in (("correct", correct), ("tool_errors", tool_errors)):
+            if value is not None and not isinstance(value, (bool, np.bool_)):
+                raise StudioAPIError(f"{name} must be True, False or None, got {short(value)}")
+        if min_turns is not None:
+            min_turns = arg_whole("min_turns", min_turns, 1, INT64)
         if reward is None:
             lo = hi = None
         elif isinstance(reward, (tuple, list)) and len(reward) == 2:
@@ -160,7 +167,8 @@ class Studio(StudioViews):
         self._check_version(rule_version)
         f = queries.RolloutFilter(run_id=run, prompt_contains=prompt,
                                   correct=None if correct is None else bool(correct), reward_min=lo, reward_max=hi,
-                                  group_id=group, train_step=step, limit=limit)
+                                  group_id=group, train_step=step, min_turns=min_turns, tool=tool,
+                                  tool_errors=None if tool_errors is None else bool(tool_errors), limit=limit)
         return queries.rollout_table(self.store, f, rule_version, Credit(estimator=estimator), offset=offset)
 
     def rollout(self, rollout_id: str, rule_version: str | None = None) -> dict:

@@ -3,7 +3,9 @@
 The file is what the served views draw, rendered by the same widgets (``TokenStrip``,
 ``GroupView``, ``tree_html``) from the same queries, with their stylesheets inlined: a rollout
 as its conversation (system and user turns, then the assistant's tokens with the reasoning
-band and the answer outlined; a group's page shows the prompt's turns once). Hover
+band and the answer outlined; an agent trajectory turn by turn, with its tool calls, masked tool
+responses and per-turn bars, :mod:`widgets.turn_blocks`; a group's page shows the prompt's turns
+once, every trajectory's own turns kept). Hover
 cards are pure CSS (``.tok:hover .card``), so they work from ``file://`` with no script and
 no server; nothing is loaded from the network (system fonts only). Every token and text is
 escaped by the widgets: a completion that contains ``<script>`` shows it as text.
