@@ -128,7 +128,7 @@ def _strip(store: Store, rollout_id: str, channel: str = "entropy") -> tuple[str
 
 
 def test_weight_is_zero_on_every_masked_token(world):
-    from widgets.token_strip import channel_values
+    from widgets.token_values import channel_values
 
     store, ids = world
     toks = queries.tokens(store, ids["retry"])

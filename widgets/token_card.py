@@ -1,5 +1,6 @@
 """A token's hover card in the token strip: the token, its statistics, its top-k alternatives (a
-policy's token), or what it is (a tool response's token: masked, no statistics)."""
+policy's token), or what it is (a tool response's token: masked, no statistics); and such a masked
+token as the strip draws it, greyed."""
 from __future__ import annotations
 
 import math
@@ -56,3 +57,16 @@ def masked_card_html(row) -> str:
     return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}'
             f'</span><span class="c-k">pos {row.pos}</span></span><span class="c-row"><span class="c-k">masked</span>'
             '<span>not trained · no statistics</span></span></span>')
+
+
+def masked_html(rows: list, trained: list[bool], i: int, compact: bool) -> str:
+    """A token the policy did not write, greyed: its text and card, or, ``compact``, one chip for the run
+    of such tokens it starts (nothing for the others of the run)."""
+    row = rows[i]
+    if not compact:
+        shown, _ = token_display(text_of(row))
+        return f'<span class="tok masked" data-pos="{row.pos}">{esc(shown)}{masked_card_html(row)}</span>'
+    if i > 0 and not trained[i - 1]:
+        return ""
+    n = next((j for j in range(i, len(rows)) if trained[j]), len(rows)) - i
+    return f'<span class="tok masked-run" title="tool response: {n} tokens, masked (not trained)">⚙ {n} tok</span>'

@@ -49,8 +49,11 @@ from .conversation import (
     task_named,
 )
 from .fork_marks import FORK_CSS, branched_key_html, fork_key_html, tree_forks, tree_key
-from .token_card import card_html, listed, masked_card_html, text_of
+from .token_card import card_html, listed, masked_html, text_of
 from .token_text import num, token_display
+
+# channel_values: the strip's values, which tests and notebooks import from here
+from .token_values import channel_values, column_values, fork_flags, missing  # noqa: F401
 from .turn_blocks import facts_html, is_trajectory, trajectory_html, trajectory_reads
 from .turn_blocks import legend_html as turn_legend_html
 
@@ -65,67 +68,6 @@ def rows_of(tokens: pd.DataFrame) -> list:
     every call, a tenth of a strip's time)."""
     make = _row_type(tuple(map(str, tokens.columns)))._make
     return [make(r) for r in zip(*(tokens[c].tolist() for c in tokens.columns))]
-
-
-def channel_values(tokens: pd.DataFrame, channel: str, advantage,
-                   fork_threshold: float | None = None) -> list[float | None]:
-    """The value each token is coloured by.
-
-    ``advantage`` is one number for the whole rollout (a sequence-level estimator) or one
-    per token (GAE, KL in the reward). ``weight`` is the effective per-token weight of an
-    entropy-masked (80/20-style) update: advantage × loss mask × entropy mask, where the loss
-    mask is the tokens' ``trained`` column (False on a tool response's tokens: their weight is
-    0 whatever the advantage; every token trained when there is no such column) and the
-    entropy mask keeps tokens at or above ``fork_threshold``. A masked token has no advantage.
-    """
-    trained = tokens["trained"].tolist() if "trained" in tokens.columns else None
-    return _channel_values(tokens[channel].tolist() if channel in tokens.columns else None,
-                           tokens["entropy"].tolist(), channel, advantage, fork_threshold, trained)
-
-
-def _channel_values(column: list | None, entropy: list, channel: str, advantage,
-                    fork_threshold: float | None, trained: list | None = None) -> list[float | None]:
-    """:func:`channel_values` from the token columns as lists (``column``: the channel's own)."""
-    n = len(entropy)
-    if advantage is None or (np.ndim(advantage) == 0 and pd.isna(advantage)):
-        adv = None
-    else:
-        adv = np.broadcast_to(np.asarray(advantage, dtype=np.float64), (n,)).tolist()
-    masked = [t is False for t in trained] if trained is not None else [False] * n  # NULL: trained
-    if channel == "advantage":
-        return [None] * n if adv is None else [None if m else a for a, m in zip(adv, masked)]
-    if channel == "weight":
-        if adv is None or fork_threshold is None:  # unknown, except where the loss mask makes it 0
-            return [0.0 if m else None for m in masked]
-        mask = _fork_mask(entropy, fork_threshold)
-        return [a if f and not m else 0.0 for a, f, m in zip(adv, mask, masked)]
-    return [None if _missing(v) else float(v) for v in column]
-
-
-def _masked_html(rows: list, trained: list[bool], i: int, compact: bool) -> str:
-    """A token the policy did not write, greyed: its text and card, or, ``compact``, one chip for the run
-    of such tokens it starts (nothing for the others of the run)."""
-    row = rows[i]
-    if not compact:
-        shown, _ = token_display(text_of(row))
-        return f'<span class="tok masked" data-pos="{row.pos}">{esc(shown)}{masked_card_html(row)}</span>'
-    if i > 0 and not trained[i - 1]:
-        return ""
-    n = next((j for j in range(i, len(rows)) if trained[j]), len(rows)) - i
-    return f'<span class="tok masked-run" title="tool response: {n} tokens, masked (not trained)">⚙ {n} tok</span>'
-
-
-def _missing(x) -> bool:
-    """NULL, NA or NaN (a column as a list holds whichever its dtype uses)."""
-    return x is None or x is pd.NA or x != x
-
-
-def _fork_mask(entropy: list, threshold: float | None) -> list[bool]:
-    """:func:`fork_mask` of an entropy column as a list (a missing entropy is never a fork)."""
-    if threshold is None or not entropy:
-        return [False] * len(entropy)
-    e = np.array([-1.0 if _missing(x) else x for x in entropy], dtype=np.float64)
-    return fork_mask(e, threshold).tolist()
 
 
 def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
@@ -157,8 +99,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     entropy = [r.entropy for r in rows]
     column = [getattr(r, channel) for r in rows] if channel in tokens.columns else None
     trained = [r.trained is not False for r in rows] if "trained" in tokens.columns else [True] * len(rows)
-    values = _channel_values(column, entropy, channel, advantage, fork_threshold, trained)
-    is_fork = _fork_mask(entropy, fork_threshold)
+    values = column_values(column, entropy, channel, advantage, fork_threshold, trained)
+    is_fork = fork_flags(entropy, fork_threshold)
     step_ok = step_ok or {}
     opens, closes = {}, {}
     if steps is not None and len(steps):
@@ -174,7 +116,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     colors: dict = {}  # value -> (background, text colour): a strip repeats its values (a sequence advantage: one)
     for i, row in enumerate(rows):
         if not trained[i]:
-            parts.append(_masked_html(rows, trained, i, compact))
+            parts.append(masked_html(rows, trained, i, compact))
             continue
         if think_open and not in_box and think[0] <= i <= think[1]:
             parts.append('<span class="think-block"><span class="think-label">reasoning</span>')
@@ -188,7 +130,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         cls = "tok"
         if special:
             cls += " special"
-        step = None if _missing(row.step_idx) else int(row.step_idx)
+        step = None if missing(row.step_idx) else int(row.step_idx)
         if step is not None and step_ok.get(step) is not None:
             cls += " step-ok" if step_ok[step] else " step-bad"
         if is_fork[i]:
