@@ -252,8 +252,9 @@ def trajectory_chips(row: dict) -> str:
     n_turns = _count(row, "n_turns", 1)
     failed = _count(row, "n_tool_errors", 0)
     n_tokens = "" if pd.isna(row.get("n_tokens")) else f'<span><b>{int(row["n_tokens"])}</b> tok</span>'
-    return (f'<div class="traj-chips"><span><b>{n_turns}</b> turn{"s" if n_turns != 1 else ""}</span><span>⚙ <b>{_count(row, "n_tool_calls", 0)}'
-            f'</b> calls</span><span{" class=bad" if failed else ""}>✗ <b>{failed}</b> failed</span>{n_tokens}</div>')
+    calls = _count(row, "n_tool_calls", 0)
+    return (f'<div class="traj-chips"><span><b>{n_turns}</b> turn{"s" if n_turns != 1 else ""}</span><span>⚙ <b>{calls}'
+            f'</b> call{"s" if calls != 1 else ""}</span><span{" class=bad" if failed else ""}>✗ <b>{failed}</b> failed</span>{n_tokens}</div>')
 
 
 def trajectories_html(rows: list[dict]) -> str:
