@@ -237,6 +237,9 @@ def test_filters_keep_trajectories_by_turns_tool_and_failures(world):
     assert kept(min_turns=3, reward_min=0.05) == {ids["hostile"]}
     f = RolloutFilter(min_turns=2)
     assert set(queries.rollout_table(store, f, sort=("reward", True))["rollout_id"]) == kept(min_turns=2)
+    # the turns column sorts every row by the number of turns
+    assert queries.rollout_table(store, RolloutFilter(limit=3), sort=("turns", True))["rollout_id"].tolist()[0] \
+        == ids["retry"]
     # the Python API shares them
     from studio.face.api import Studio
 

@@ -96,7 +96,9 @@ class RolloutTable(pn.viewable.Viewer):
                         "correct": {"type": "tickCross", "allowEmpty": True}},
             # no cell tooltips: Tabulator writes a tooltip's text as HTML, and a completion is model output
             # (tests/ui/test_app.py's hostile rows); a row's whole text is one click away, in the token strip
-            configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30}},
+            configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30},
+                           # the page sorted in the browser as the store sorts every row: by the number of turns
+                           "columns": [{"field": "turns", "sorter": "alphanum"}]},
             stylesheets=[TABLE_CSS], header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])

@@ -151,11 +151,11 @@ def _in_range_ids(f: RolloutFilter, version: str, within: str | None = None) -> 
 # the table's columns it can be sorted by -> their SQL over the scored rows ``s`` and prompts ``p``
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
                "correct": "s.correct", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
-               "created_at": "s.created_at"}
+               "created_at": "s.created_at", "turns": "s.n_turns"}
 # the sorts that do not depend on rewards, over the rollouts ``ro``: their pages are cut from the rollouts
 # alone, as the newest-first page is, and only the page's groups are scored
 ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "completion", "correct", "n_tokens",
-                                                                   "fork_pos", "created_at")}
+                                                                   "fork_pos", "created_at", "turns")}
 
 
 def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Credit | None = None,
