@@ -4,7 +4,6 @@ picking a source and the gate changes the turn advantages under the assistant tu
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from sample_data import ROLLOUTS_DIR
 from studio.store import Store
@@ -55,15 +54,8 @@ def test_picking_a_turn_source_and_the_gate_changes_the_turn_advantages(browser,
         box.fill("5")
         box.press("Tab")
         wait_text(page, page.locator(".table-count"), "1 of ")
-        bars = page.locator(".token-strip .tbar.adv").first
-        for _ in range(5):  # the table may still be redrawing its filtered page when first clicked
-            page.locator(".rollout-table .tabulator-row [tabulator-field=completion]").first.click()
-            try:
-                bars.wait_for(state="visible", timeout=5_000)
-                break
-            except PlaywrightTimeout:
-                continue
-        bars.wait_for(state="visible", timeout=5_000)
+        page.locator(".rollout-table .tabulator-row").first.click()
+        page.locator(".token-strip .tbar.adv").first.wait_for(state="visible", timeout=20_000)
         unfold(page, "credit-card")
         source = page.locator(".turn-source select")
         assert source.is_visible() and page.locator(".turn-norm select").is_visible()
