@@ -19,7 +19,9 @@ completion are one assistant message each. In both styles an end-of-turn marker 
 completion is cut (the trainer closes the turn). A step pair's shared prefix: standard, it ends the prompt (the
 completions continue it); conversational, it starts both assistant messages (a message cannot
 end mid-answer; DPO's loss is the same either way, the prefix's log-probabilities cancel
-between chosen and rejected).
+between chosen and rejected). Pairs of agent trajectories, conversational, are message lists with
+TRL's tool calls and tool messages (:mod:`studio.curation.trajectories`); standard, the text the
+policy saw (a turn pair's shared turns end the prompt).
 
 :func:`_selection_sql` reads the accepted pairs as exported (swaps applied, step pairs' prefix
 and continuations, staleness); :func:`_prompts` gives their prompts (registered as

@@ -113,7 +113,8 @@ def export(store: Store, path: str | Path, format: str = "preference", style: st
             (conversational); stepwise rows are the pairs' rollouts, whole.
         style: ``standard`` (strings: the prompt's text, never a templated string) or
             ``conversational`` (lists of role/content messages: the prompt's chat, system
-            prompt included, then the assistant's; preference and unpaired only).
+            prompt included, then the assistant's; an agent trajectory's turns as assistant
+            ``tool_calls`` and ``tool`` messages; preference and unpaired only).
         skip_stale: export without the stale pairs (listed in the provenance) instead of
             refusing.
         build_id, kinds, pair_ids: export only these pairs (of the accepted ones).
