@@ -6,9 +6,10 @@ Every row samples its assistant turn until it writes the environment's call end
 policy statistics: NaN log-prob and entropy, top-k ids -1), and the row samples on
 (:class:`backends.trajectory.Trajectory` keeps each row's turns, mask and budgets).
 
-One KV cache serves the whole loop: a row that got an answer feeds the call's last token and
-the answer's tokens in the next forward (the batch's other rows feed their one token, padded
-and masked out), so nothing is encoded twice and no row waits for another's turn to end.
+One KV cache serves the whole loop: a row that got an answer reads its tokens into the cache
+one a step while the other rows go on sampling (several a step when every row is reading one:
+one forward over them), so nothing is encoded twice, no row waits for another's turn to end,
+and no row computes padding for another's answer.
 Finished rows leave the batch and the cache once a quarter of it has finished, as in
 ``backends.policy._decode``. Every policy token's statistics are those of
 ``backends.policy.sample_batch`` (the policy at temperature 1 over the full vocabulary), and
@@ -159,30 +160,43 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     live = torch.arange(len(rows), device=device)  # the row of each batch entry
     live_rows = list(rows)
+    queued: dict[int, list[int]] = {}  # id(row) -> answer tokens it has yet to read
     while True:
         logp = torch.log_softmax(logits, dim=-1)  # [b, V]
         nxt = _next_token(logits, logp.exp(), temperature, top_p, gen)  # [b]
         if force is not None:
             nxt = torch.where(force >= 0, force, nxt)
             force = None
-        active = [j for j, r in enumerate(live_rows) if not r.done]
-        at = torch.tensor(active, device=device)
-        where = torch.tensor([len(live_rows[j].ids) for j in active], device=device)
-        lp, ent, tkl, tki = token_stats(logp[at], nxt[at], stats.tki.shape[-1])
-        r_at = live[at]
-        stats.lp[r_at, where], stats.ent[r_at, where] = lp, ent
-        stats.tkl[r_at, where], stats.tki[r_at, where] = tkl, tki
+        # a row reading an answer makes no token this step; the others sample one
+        active = [j for j, r in enumerate(live_rows) if not r.done and id(r) not in queued]
         feeds = [[pad] for _ in live_rows]  # what each batch entry reads next
-        for j, tok in zip(active, nxt[at].tolist(), strict=True):
-            row = live_rows[j]
-            feeds[j] = [tok]
-            if row.add(tok, tok in stop, call_ids, max_turns, budget):
-                if env is None:  # one turn only: the caller answers the call
-                    row.end("call")
-                    continue
-                reply = env.reply(row.prompt_index, tokenizer.decode(row.call_ids(), skip_special_tokens=False))
-                reply_ids = tokenizer(reply.text, add_special_tokens=False)["input_ids"] if reply.text else []
-                feeds[j] += row.answer(reply, reply_ids, budget)
+        if active:
+            at = torch.tensor(active, device=device)
+            where = torch.tensor([len(live_rows[j].ids) for j in active], device=device)
+            lp, ent, tkl, tki = token_stats(logp[at], nxt[at], stats.tki.shape[-1])
+            r_at = live[at]
+            stats.lp[r_at, where], stats.ent[r_at, where] = lp, ent
+            stats.tkl[r_at, where], stats.tki[r_at, where] = tkl, tki
+            for j, tok in zip(active, nxt[at].tolist(), strict=True):
+                row = live_rows[j]
+                feeds[j] = [tok]
+                if row.add(tok, tok in stop, call_ids, max_turns, budget):
+                    if env is None:  # one turn only: the caller answers the call
+                        row.end("call")
+                        continue
+                    reply = env.reply(row.prompt_index, tokenizer.decode(row.call_ids(), skip_special_tokens=False))
+                    reply_ids = tokenizer(reply.text, add_special_tokens=False)["input_ids"] if reply.text else []
+                    answer = row.answer(reply, reply_ids, budget)
+                    if answer and not row.done:
+                        queued[id(row)] = answer
+        else:  # every row is reading an answer: they read as many tokens as the shortest has left at once
+            w = min(len(queued[id(r)]) for r in live_rows if not r.done)
+        reading = [j for j, r in enumerate(live_rows) if id(r) in queued and j not in active]
+        for j in reading:
+            q = queued[id(live_rows[j])]
+            feeds[j], q[:] = q[:1 if active else w], q[1 if active else w:]
+            if not q:
+                del queued[id(live_rows[j])]
         done = [r.done for r in live_rows]
         if all(done):
             return
