@@ -6,7 +6,10 @@ answering ``<think>…</think>`` then ``\\boxed{n}``; ``python -m sample_data.bu
 on GSM8K-shaped word problems (``WORDPROBLEMS_DIR``: ``gsm8k/`` and ``math/`` column shapes,
 ``python -m sample_data.wordproblems``), stored as the prompt set ``WORDPROBLEMS_TASK``;
 ``CHAT_ROLLOUTS_DIR`` seeds it with its rollouts (``python -m sample_data.make_chat_rollouts``).
-A new store is seeded with both (``SEED_DIRS``).
+The agent world: ``AGENT_POLICY_DIR`` (a tiny Qwen2 that calls a calculator tool in
+``<tool_call>`` blocks; ``python -m sample_data.build_agent_policy``) on the built-in task
+``calculator_agent``, and its trajectories ``AGENT_ROLLOUTS_DIR``
+(``python -m sample_data.make_agent_rollouts``). A new store is seeded with all three (``SEED_DIRS``).
 
 ``POLICY_DIR`` is a transformers folder (``save_pretrained``) rebuilt by
 ``python -m sample_data.build_policy``; ``EARLY_POLICY_DIR`` is the same training run
@@ -29,4 +32,4 @@ WORDPROBLEMS_TASK = "wordproblems"
 CHAT_ROLLOUTS_DIR = HERE / "chat_rollouts"
 AGENT_POLICY_DIR = HERE / "agent_policy"  # python -m sample_data.build_agent_policy
 AGENT_ROLLOUTS_DIR = HERE / "agent_rollouts"  # python -m sample_data.make_agent_rollouts
-SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR)
+SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR, AGENT_ROLLOUTS_DIR)

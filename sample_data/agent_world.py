@@ -34,7 +34,8 @@ from studio.workers.agent_env import TaskEnv
 # kind of trajectory -> its share of the training data
 NOISE: dict[str, float] = {"clean": 0.66, "misread": 0.10, "wrong_op": 0.04, "ignore": 0.06, "repeat": 0.08,
                            "bad_json": 0.06}
-TEST_SEED = 2  # held-out prompts: CalculatorAgent().make_prompts(n, seed=TEST_SEED, difficulty="hard"/"medium")
+TEST_SEED = 2  # held-out prompts: CalculatorAgent().make_prompts(n, seed=TEST_SEED, difficulty="medium" / "hard")
+POOL = 1000  # held-out prompts kept out of training (:func:`heldout` of this size)
 TASK = CalculatorAgent()
 ENV = TaskEnv(TASK)  # tools run in this process: the calculator is trusted
 Segment = tuple[str, str]  # (role, text): "assistant" (trained) or "tool" (masked)
@@ -145,9 +146,24 @@ def text_of(segs: list[Segment]) -> str:
 
 
 def heldout(n: int) -> list[Prompt]:
-    """Held-out prompts (never trained on): half medium (2-3 operations), half hard (3-4)."""
+    """Held-out prompts (never trained on), as the policy's build evaluates on them: the first
+    ``n - n // 2`` medium problems (2-3 operations) of seed :data:`TEST_SEED`, then its first
+    ``n // 2`` hard ones (3-4); both streams share the seed, so a 3-operation problem can be in both."""
     return TASK.make_prompts(n - n // 2, seed=TEST_SEED, difficulty="medium") + \
         TASK.make_prompts(n // 2, seed=TEST_SEED, difficulty="hard")
+
+
+def distinct_heldout(n: int) -> list[Prompt]:
+    """``n`` different held-out problems, half medium and half hard, from :func:`heldout`'s pool
+    (the sample trajectories and the tests ask each once)."""
+    pool = heldout(POOL)
+    medium, hard = pool[:POOL - POOL // 2], pool[POOL - POOL // 2:]
+    out = medium[:n - n // 2]
+    seen = {p.text for p in out}
+    out += [p for p in hard if p.text not in seen][:n // 2]
+    if len(out) < n:
+        raise ValueError(f"the held-out pool has fewer than {n} different problems")
+    return out
 
 
 def training_problems(rng: random.Random, exclude: set[str]):

@@ -27,7 +27,7 @@ import torch
 from studio.tasks.tool_calls import MARKERS
 
 from . import AGENT_POLICY_DIR
-from .agent_world import ENV, TASK, corpus, expert, heldout, training_problems
+from .agent_world import ENV, POOL, TASK, corpus, expert, heldout, training_problems
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -163,7 +163,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     held = heldout(args.eval_size)
     rng = random.Random(args.seed)
-    stream = training_problems(rng, {p.text for p in heldout(1000)})
+    stream = training_problems(rng, {p.text for p in heldout(POOL)})
     log, result, t0 = [], {}, time.time()
     for step in range(1, args.max_steps + 1):
         lr = args.lr * min(1.0, step / 100)

@@ -17,7 +17,7 @@ from studio.runs.generation import GenerateConfig, generate_sync
 from studio.store import Store
 
 from . import AGENT_POLICY_DIR, AGENT_ROLLOUTS_DIR
-from .agent_world import TASK, heldout
+from .agent_world import TASK, distinct_heldout
 from .build_agent_policy import MAX_NEW_TOKENS, MAX_TURNS
 from .make_chat_rollouts import _relative
 from .make_rollouts import write_seed
@@ -32,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
 
     store = Store.open(":memory:")
-    prompts = heldout(args.prompts)
+    prompts = distinct_heldout(args.prompts)
     config = GenerateConfig(group_size=args.group_size, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS,
                             max_turns=MAX_TURNS, seed=1)
     res = generate_sync(store, args.policy, prompts, config, task=TASK.name, chunk_prompts=8,

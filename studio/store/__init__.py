@@ -348,8 +348,11 @@ class Store:
             for table in schema.SEEDED:
                 f = folder / f"{table}.parquet"
                 if f.exists():
-                    # by name: files written before a column existed leave it NULL
-                    cur.execute(f"INSERT INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)", [str(f)])
+                    # by name: files written before a column existed leave it NULL; a rule version is
+                    # named by its source's hash, so two seeds scored by one built-in rule share its row
+                    insert = "INSERT OR IGNORE" if table == "rule_versions" else "INSERT"
+                    cur.execute(f"{insert} INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)",
+                                [str(f)])
             cur.execute(schema.SINGLE_TURN)
             fill_verdicts(cur)
 
