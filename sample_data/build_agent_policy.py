@@ -10,8 +10,13 @@ not valid JSON). The loss sees only the assistant's own tokens: the tool respons
 masked, as the agent loop masks them. Training stops at the first evaluation whose success
 (final answer right) at temperature 1, sampled through the real agent loop
 (``backends.agent.sample_agent`` with ``studio.workers.agent_env.TaskEnv``) on held-out
-prompts, reaches ``--target``. Seeded, one CPU thread (the machine's other core stays free);
-``agent_policy/training_log.json`` records the run.
+prompts, reaches ``--target``, or after ``--max-steps``. Seeded, one CPU thread (the machine's
+other core stays free); ``agent_policy/training_log.json`` records the run.
+
+The shipped policy (4 layers, 160 wide, 1.42M parameters) ran the 3,000 steps without an
+evaluation at 50% (0% until step 400, 19% at 900, 34% at 1,500, 49% at 2,000, 44% at the last):
+2,749 s on this project's 2-core CPU shared with other jobs (0.5 s a step alone). Through the
+agent loop it is right on 47% of 256 different held-out problems at temperature 1.
 """
 from __future__ import annotations
 
