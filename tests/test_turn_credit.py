@@ -274,3 +274,47 @@ def test_information_gain_per_turn_equals_direct_probabilities(seeded_store):
     # a second call computes nothing new and stores no duplicates
     run_sync(turn_information_gain, store, POLICY_DIR, [rid])
     assert store.scalar("SELECT count(*) FROM turn_rewards WHERE source = ?", [source]) == 2
+
+
+# ---------------------------------------------------------------------------- the sample agent world
+
+def test_credit_over_turns_on_the_sample_agent_world(tmp_path):
+    """On the shipped trajectories of the calculator agent: information gain per turn with the
+    agent policy, a rule's turn_reward and the turn advantages, end to end."""
+    from sample_data import AGENT_POLICY_DIR, AGENT_ROLLOUTS_DIR
+    from studio.runs.credit_models import turn_information_gain
+    from studio.workers.sync import run_sync
+
+    store = Store.open(tmp_path / "agents.duckdb", seed_dir=AGENT_ROLLOUTS_DIR)
+    # a group whose trajectories both succeed and fail, each after at least one tool call
+    gid = store.scalar("""SELECT group_id FROM rollouts GROUP BY group_id
+                          HAVING bool_or(correct) AND NOT bool_and(correct) AND min(n_tool_calls) > 0
+                          ORDER BY group_id LIMIT 1""")
+    group = store.df("""SELECT rollout_id, correct, finish_reason, n_turns, n_tool_calls, n_tool_errors FROM rollouts
+                        WHERE group_id = ? ORDER BY rollout_id""", [gid])
+    rids = group["rollout_id"].tolist()
+    source = run_sync(turn_information_gain, store, AGENT_POLICY_DIR, rids)
+    ig = turn_rewards_of(store, rids, [source])
+    turns = store.df("SELECT rollout_id, turn_idx, role FROM turns WHERE list_contains(?, rollout_id)", [rids])
+    # one value per assistant turn, none on the tools' turns
+    acting = turns[turns["role"] == "assistant"]
+    assert sorted(zip(ig["rollout_id"], ig["turn_idx"])) == sorted(zip(acting["rollout_id"], acting["turn_idx"]))
+    # a trajectory that stopped sums to 1[correct] − P(gold | prompt): the same P for the whole group
+    sums = ig.groupby("rollout_id")["value"].sum()
+    stopped = group[group["finish_reason"] == "stop"]
+    p0 = {round(float(stopped["correct"].iloc[i]) - sums[r], 6) for i, r in enumerate(stopped["rollout_id"])}
+    assert len(p0) == 1 and 0.0 <= p0.pop() <= 1.0
+    # a rule's turn_reward: every failed call costs 1
+    res = rules.apply_rule_sync(store, "def reward(prompt, completion, gold, steps, **ctx):\n    return 0.0\n\n"
+                                       "def turn_reward(prompt, turn, gold, **ctx):\n"
+                                       "    return -1.0 if turn.error else 0.0\n",
+                                "failed-calls", scope=queries.RolloutFilter(group_id=gid), limits=Limits(workers=1))
+    assert res.status == "done" and res.failed == 0
+    per = turn_rewards_of(store, rids, [res.rule_version_id]).groupby("rollout_id")["value"].sum()
+    assert (-per.reindex(rids).to_numpy() == group["n_tool_errors"].to_numpy()).all()
+    # turn advantages from information gain: a row per turn, the tools' turns without credit
+    for rid in rids:
+        t = credit.turn_advantages(store, rid, source, TurnCredit("group", gamma=0.9))
+        assert len(t) == group.set_index("rollout_id").loc[rid, "n_turns"]
+        assert (t.loc[t["role"] != "assistant", "advantage"] == 0.0).all()
+        assert t.loc[t["role"] == "assistant", "reward"].notna().all()
