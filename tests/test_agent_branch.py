@@ -47,7 +47,8 @@ def tokenizer():
 
 def turn(store: Store, rollout_id: str, idx: int) -> dict:
     t = turns_of(store, rollout_id)
-    return t[t["turn_idx"] == idx][TURN_COLUMNS].iloc[0].to_dict()
+    row = t[t["turn_idx"] == idx][TURN_COLUMNS].iloc[0].to_dict()
+    return {k: None if v is None or v != v else v for k, v in row.items()}  # a missing value reads as None
 
 
 def test_branching_inside_turn_2_runs_the_tool_again_and_keeps_turns_0_and_1(trajectory):
