@@ -2,10 +2,13 @@
 resume, a progress bar with ETA, live curves of several runs overlaid (a click on a curve
 opens that step's rollouts), and two policies evaluated side by side on held-out prompts.
 
-The task picker lists arithmetic and the store's prompt sets; the prompt set picker offers the
-task's own sets (easy / medium / hard / mixed draws for arithmetic, a stored prompt set's
-splits) and the prompts of any stored run (``run:<id>``). A run starts on the picked task, and
-the evaluation runs on its held-out prompts (a stored prompt set's test split).
+The task picker lists the built-in tasks (arithmetic, the agent world's ``calculator_agent``)
+and the store's prompt sets; the prompt set picker offers the task's own sets (easy / medium /
+hard / mixed draws of a built-in task, a stored prompt set's splits) and the prompts of any
+stored run (``run:<id>``). A run starts on the picked task, and the evaluation runs on its
+held-out prompts (a stored prompt set's test split). Picking an agent task sets the form to its
+own defaults (the sample agent policy, its budgets); an agent run adds a row of curves: turns,
+tool calls and failed tool calls per trajectory.
 
 Every browser session polls the process-wide run registry (``studio.runs.minirun``) once a
 second, so two tabs watching one run both update; the store is written by the run's
