@@ -16,7 +16,7 @@ from backends import load_policy
 from backends.agent import branch_agent, sample_agent
 from backends.chat import render
 from backends.policy import score_batch
-from sample_data import CHAT_POLICY_DIR
+from sample_data import AGENT_POLICY_DIR, CHAT_POLICY_DIR
 from studio.store.records import generation_rows
 from studio.tasks import get_task
 from studio.tasks.calculator import calculator
@@ -204,18 +204,29 @@ def test_branching_inside_turn_two_keeps_the_prefix_and_runs_the_tool_again(poli
                      g.mask[:tool.start + 1].tolist(), g.turns, [None], env, n=1, max_new_tokens=120)
 
 
-def test_generate_on_a_task_with_tools_stores_trajectories_with_their_turns(empty_store):
+def test_generate_on_the_sample_agent_world_runs_the_calculator_and_stores_the_turns(empty_store):
     from studio.runs.generation import GenerateConfig, generate_sync
 
-    cfg = GenerateConfig(group_size=2, max_new_tokens=60, max_turns=2, seed=1)
-    res = generate_sync(empty_store, CHAT_POLICY_DIR, TASK.make_prompts(2, seed=4), cfg, task="calculator_agent")
+    cfg = GenerateConfig(group_size=4, max_new_tokens=256, max_turns=8, seed=1)
+    res = generate_sync(empty_store, AGENT_POLICY_DIR, TASK.make_prompts(2, seed=4), cfg, task="calculator_agent")
     assert res.status == "done", res.error
-    rolls = empty_store.df("SELECT rollout_id, n_tokens, n_turns FROM rollouts ORDER BY rollout_id")
-    assert len(rolls) == 4
+    rolls = empty_store.df("SELECT rollout_id, n_tokens, n_turns, n_tool_calls FROM rollouts ORDER BY rollout_id")
+    assert len(rolls) == 8 and rolls["n_tool_calls"].sum() > 0
     turns = empty_store.df("SELECT rollout_id, count(*) AS n, max(end_pos) AS last FROM turns GROUP BY rollout_id "
                            "ORDER BY rollout_id")
     assert turns["n"].tolist() == rolls["n_turns"].tolist() and turns["last"].tolist() == rolls["n_tokens"].tolist()
-    assert empty_store.df("SELECT count(*) AS n FROM tokens WHERE turn_idx IS NULL OR trained IS NULL")["n"][0] == 0
+    calls = empty_store.df("SELECT a.tool_name, a.tool_args, t.content, t.error FROM turns a JOIN turns t ON "
+                           "t.rollout_id = a.rollout_id AND t.turn_idx = a.turn_idx + 1 AND t.role = 'tool' "
+                           "WHERE a.role = 'assistant'")
+    assert calls["tool_name"].notna().sum() == rolls["n_tool_calls"].sum()  # a call that could not be read names none
+    for call in calls.itertuples():  # the calculator ran on the policy's own call (in the worker's sandbox)
+        if call.error is None:
+            assert call.content == TASK.format_response(calculator(**json.loads(call.tool_args)))
+        else:
+            assert call.error in call.content
+    tool = empty_store.df("SELECT t.trained, t.logprob FROM tokens t JOIN turns u ON u.rollout_id = t.rollout_id "
+                          "AND u.turn_idx = t.turn_idx WHERE u.role = 'tool'")
+    assert len(tool) and not tool["trained"].any() and tool["logprob"].isna().all()
 
 
 @pytest.fixture(scope="module")
