@@ -1,6 +1,6 @@
 """The agent loop: multi-turn sampling against ``generate`` once per turn, and branching inside turn 2.
 
-Run: ``python benchmarks/bench_agent.py`` (about 3 minutes on a 2-core CPU).
+Run: ``python benchmarks/bench_agent.py`` (about a minute on a 2-core CPU).
 
 On the sample agent world (``sample_data/agent_policy`` on ``calculator_agent`` prompts through
 its chat template; the calculator runs in the tool sandbox, ``studio.workers.tools``, for both
@@ -187,7 +187,7 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", type=int, default=32, help="trajectories sampled together (one per prompt)")
     ap.add_argument("--max-new-tokens", type=int, default=256, help="token budget of a trajectory, tool tokens included")
     ap.add_argument("--max-turns", type=int, default=8, help="tool calls a trajectory may make")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of each side (medians compared)")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions of each side (medians compared)")
     ap.add_argument("--forks", type=int, default=4, help="trajectories forked inside turn 2")
     ap.add_argument("--policy", type=Path, default=AGENT_POLICY_DIR, help="the agent policy (sample_data/agent_policy)")
     ap.add_argument("--seed", type=int, default=0)
