@@ -17,7 +17,7 @@ from backends.agent import branch_agent, sample_agent
 from backends.chat import render
 from backends.policy import score_batch
 from sample_data import AGENT_POLICY_DIR, CHAT_POLICY_DIR
-from studio.store.records import generation_rows
+from studio.store.records import generation_rows, trajectory_counts
 from studio.tasks import get_task
 from studio.tasks.calculator import calculator
 from studio.tasks.tool_calls import call_text, format_response, parse_call
@@ -230,51 +230,55 @@ def test_generate_on_the_sample_agent_world_runs_the_calculator_and_stores_the_t
 
 
 @pytest.fixture(scope="module")
+def agent_policy():
+    return load_policy(AGENT_POLICY_DIR, device="cpu")
+
+
+@pytest.fixture(scope="module")
 def backend(tmp_path_factory):
     from tests.fixtures import Backend
 
-    b = Backend(tmp_path_factory.mktemp("agent-backend"), "--policy", str(CHAT_POLICY_DIR))
+    b = Backend(tmp_path_factory.mktemp("agent-backend"), "--policy", str(AGENT_POLICY_DIR))
     yield b
     b.stop()
 
 
-def _structure(g):
-    return [(t.role, t.start, t.end, t.tool_name, t.error) for t in g.turns], g.mask.tolist(), g.finish_reason
-
-
-def test_the_remote_loop_runs_the_turns_on_the_backend_and_the_tools_here(policy, sandbox, backend):
+def test_the_remote_loop_on_the_sample_agent_world_runs_turns_on_the_backend_and_tools_here(agent_policy, sandbox,
+                                                                                           backend):
     from backends.remote import RemotePolicy
 
-    remote = RemotePolicy(backend.url)
-    prompts = _prompts(policy)
-    kw = dict(n=2, max_turns=2, max_new_tokens=100, seed=0)
-    got = remote.sample_agent(prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
-    again = remote.sample_agent(prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
-    local = sample_agent(policy.model, policy.tokenizer, prompts, TaskEnv(Scripted("calculator"), sandbox), **kw)
-    assert [g.token_ids.tolist() for g in got] == [g.token_ids.tolist() for g in again]  # seeded, round by round
-    forced = score_batch(policy.model, policy.tokenizer, [g.prompt for g in got], [g.token_ids.tolist() for g in got])
-    for g, f, loc in zip(got, forced, local, strict=True):
-        roles = [t.role for t in g.turns]
-        assert roles[:4] == ["assistant", "tool", "assistant", "tool"] and g.turns[1].text == loc.turns[1].text
-        first = g.turns[0]
-        assert g.token_ids[first.start:first.end].tolist() == loc.token_ids[:loc.turns[0].end].tolist()
+    remote, env = RemotePolicy(backend.url), TaskEnv(TASK, sandbox)
+    tok = agent_policy.tokenizer
+    prompts = _prompts(agent_policy)
+    kw = dict(n=2, max_turns=8, max_new_tokens=256, seed=0)
+    got = remote.sample_agent(prompts, env, **kw)
+    assert [g.token_ids.tolist() for g in got] == [g.token_ids.tolist() for g in remote.sample_agent(prompts, env, **kw)]
+    local = sample_agent(agent_policy.model, tok, prompts, env, **kw)
+    # until the first row's first call ends it, the server drew for the same rows as the local loop
+    first = min(g.turns[0].end for g in got)
+    assert [g.token_ids[:first].tolist() for g in got] == [g.token_ids[:first].tolist() for g in local]
+    forced = score_batch(agent_policy.model, tok, [g.prompt for g in got], [g.token_ids.tolist() for g in got])
+    assert sum(trajectory_counts(g.turns)[1] for g in got) > 0
+    for g, f in zip(got, forced, strict=True):
         expect = np.ones(g.n_tokens, bool)
-        for s, e in _tool_spans(g):
-            expect[s:e] = False
+        for call, answer in zip(g.turns, g.turns[1:], strict=False):
+            if answer.role != "tool":
+                continue
+            expect[answer.start:answer.end] = False
+            assert g.token_ids[answer.start:answer.end].tolist() == tok(answer.text, add_special_tokens=False)[
+                "input_ids"][:answer.end - answer.start]
+            if call.tool_name is not None and answer.error is None:  # the calculator ran here on the call
+                assert answer.text == TASK.format_response(calculator(**json.loads(call.tool_args)))
         assert (g.mask == expect).all() and np.isnan(g.logprobs[~g.mask]).all() and (g.topk_ids[~g.mask] == -1).all()
         np.testing.assert_allclose(g.logprobs[g.mask], f.logprobs[g.mask], atol=1e-4)  # exact statistics
         np.testing.assert_allclose(g.entropies[g.mask], f.entropies[g.mask], atol=1e-4)
-        assert g.text == policy.tokenizer.decode(g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids)
-    assert sorted(_structure(g)[2] for g in got) == sorted(_structure(g)[2] for g in local)
+        assert g.text == tok.decode(g.token_ids[:-1] if g.finish_reason == "stop" else g.token_ids)
 
-    g = got[0]
-    second = g.turns[2]
-    fork = second.start + 1
-    task = Scripted("calculator")
+    g = next(g for g in got if len(g.turns) > 3 and g.turns[2].end - g.turns[2].start > 2)
+    fork = g.turns[2].start + 1
     branches = remote.branch_agent(g.prompt, g.token_ids[:fork].tolist(), g.mask[:fork].tolist(), g.turns,
-                                   [None], TaskEnv(task, sandbox), n=2, max_turns=2, max_new_tokens=100, seed=1)
-    assert task.calls >= 2
+                                   [None], env, n=2, max_turns=8, max_new_tokens=256, seed=1)
     for b in branches:
         assert b.token_ids[:fork].tolist() == g.token_ids[:fork].tolist() and b.turns[:2] == g.turns[:2]
-        assert sum(t.role == "tool" for t in b.turns) == 2
+        assert b.turns[2].start == g.turns[2].start and b.turns[2].role == "assistant"
         np.testing.assert_allclose(b.logprobs[:fork][g.mask[:fork]], g.logprobs[:fork][g.mask[:fork]], atol=1e-4)
