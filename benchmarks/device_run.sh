@@ -7,8 +7,10 @@
 #     -d .device_wheels tornado==6.6.1
 # ): the device image has torch and transformers but not tornado, which backends.server needs.
 #   bash benchmarks/device_run.sh [bench_cuda.py options]
-# Writes $OUT/cuda.jsonl (figures), $OUT/cuda_checks.json (every check) and $OUT/bench_cuda.log.
-# Exit status: bench_cuda.py's (1 when a check failed).
+#   bash benchmarks/device_run.sh --agent [bench_cuda_agent.py options]    (the agent loop's check)
+# Writes $OUT/cuda.jsonl (figures), $OUT/cuda_checks.json (every check) and $OUT/bench_cuda.log
+# (--agent: cuda_agent.jsonl, cuda_agent_checks.json, bench_cuda_agent.log).
+# Exit status: the benchmark's (1 when a check failed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out/device}
@@ -20,4 +22,6 @@ if ! python3 -c "import tornado" 2>/dev/null; then
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 benchmarks/bench_cuda.py --budget-s "${BUDGET_S:-360}" --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_cuda.log"
+bench=bench_cuda
+if [ "${1:-}" = "--agent" ]; then bench=bench_cuda_agent; shift; fi
+python3 "benchmarks/$bench.py" --budget-s "${BUDGET_S:-360}" --out "$OUT" "$@" 2>&1 | tee "$OUT/$bench.log"

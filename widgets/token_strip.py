@@ -152,7 +152,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         vtxt = "" if v is None else f"{v:.4f}"
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
         parts.append(f'<span class="{cls}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
-                     f'style="background:{bg};color:{fg if not special else "#868e96"}">{esc(shown)}{card}</span>')
+                     f'style="background:{bg};color:{fg if not special else "#868e96"}">{esc(shown)}{card}</span>'
+                     '<wbr>')  # a line may break between any two tokens (JSON's punctuation allows no break)
         if in_box and row.pos in closes:
             k = closes[row.pos]
             sv = step_values.get(k)
