@@ -247,7 +247,9 @@ def random_env(folder: Path, prompts: list[str], new_tokens: int, seed: int) -> 
         text = tok.decode([tid])
         if text and tok(text, add_special_tokens=False)["input_ids"] == [tid]:
             return FrequentTokenEnv(text, " [echo: 42] ")
-    raise RuntimeError("no sampled token decodes to itself")
+    # a 150k vocabulary sampled at random: no drawn token encodes back to itself, so no call ever
+    # closes; the loop's other mechanics (statistics, budgets, training, HTTP) still run at real width
+    return FrequentTokenEnv("\x00no call\x00", " [echo: 42] ")
 
 
 def main(args) -> int:
