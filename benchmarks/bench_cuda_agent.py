@@ -126,6 +126,9 @@ def check_branch(rep: Report, case: str, policy, gens, env, budgets, seed: int):
 
 def check_speed(rep: Report, case: str, dt: str, label: str, policy, prompts, env, budgets, reps: int, seed: int,
                 device: str):
+    if len(policy.tokenizer(env.call_end, add_special_tokens=False)["input_ids"]) != 1:
+        rep.skip(f"{case}: speed: the generate baseline stops at a one-token call end, and this model has none")
+        return
     runs = collections.defaultdict(list)
     model, tok = policy.model, policy.tokenizer
 
