@@ -24,11 +24,13 @@ from pathlib import Path
 import panel as pn
 import param
 
+from sample_data import AGENT_POLICY_DIR, CHAT_POLICY_DIR, EARLY_POLICY_DIR, POLICY_DIR
 from studio import queries
 from studio.queries import lookups
 from studio.queries.prompts import PromptDrawError, draw_prompts, split_counts, task_choices
 from studio.rewards import rules
 from studio.runs.generation import ConfigError, GenerateConfig, generate
+from studio.runs.training.config import AGENT_DEFAULTS
 from studio.store import StoreError
 from studio.tasks import Prompt, TaskParseError, UnknownTaskError, get_task
 from studio.tasks.arithmetic import DIFFICULTIES
@@ -40,6 +42,17 @@ from .base.jobs import Job, failure, served
 from .base.pickers import set_choices
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
+
+AGENT_MAX_NEW_TOKENS = AGENT_DEFAULTS["max_new_tokens"]  # a trajectory's tool calls and answer fit in it
+
+
+def _builtin(name: str | None):
+    """The built-in task ``name`` (one the studio ships: it may make prompts), else None."""
+    try:
+        task = get_task(name) if name else None
+    except UnknownTaskError:
+        return None
+    return task if task is not None and task.spec.get("kind") == "builtin" else None
 
 BACKEND_CSS = """
 .backend-line { font-size:12px; color:#495057; display:flex; align-items:center; gap:5px; flex-wrap:wrap;
@@ -210,6 +223,7 @@ class GeneratePanel(pn.viewable.Viewer):
     temperature = parameter(GenerateConfig, "temperature", step=0.05)
     top_p = parameter(GenerateConfig, "top_p", step=0.05)
     max_new_tokens = parameter(GenerateConfig, "max_new_tokens")
+    max_turns = parameter(GenerateConfig, "max_turns")
     seed = parameter(GenerateConfig, "seed")
     top_k_stats = parameter(GenerateConfig, "top_k_stats")
     running = param.Boolean(default=False, doc="Whether a Generate run is in progress.")
@@ -251,6 +265,9 @@ class GeneratePanel(pn.viewable.Viewer):
                                                 bar_color="primary", height=14)
         self._status = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["generate-status"])
         self.backend = BackendStatus(state=self.state)
+        self._turns_row = pn.Row(pn.widgets.IntInput.from_param(self.param.max_turns, name="Max tool calls", width=100,
+                                                                css_classes=["max-turns"]),
+                                 sizing_mode="stretch_width", visible=False)
         self._typed = pn.widgets.TextAreaInput.from_param(self.param.typed, name="…or type prompts, one per line",
                                                           placeholder="Q: 23+48-7=", height=70,
                                                           sizing_mode="stretch_width", css_classes=["typed-prompts"])
@@ -273,6 +290,7 @@ class GeneratePanel(pn.viewable.Viewer):
             pn.Row(pn.widgets.IntInput.from_param(self.param.seed, name="Seed", width=100),
                    pn.widgets.IntInput.from_param(self.param.top_k_stats, name="Top-k recorded", width=100),
                    sizing_mode="stretch_width"),
+            self._turns_row,
             pn.Row(self._go, self._stop, sizing_mode="stretch_width"),
             self._progress, self._status,
             sizing_mode="stretch_width",
@@ -317,7 +335,9 @@ class GeneratePanel(pn.viewable.Viewer):
         counts = got["splits"]
         if got.get("error"):
             self._status.object = banner("error", got["error"])
-        generates = self.task == "arithmetic"
+        task = _builtin(self.task)
+        generates = task is not None and task.generates
+        self._agent_defaults(task)
         labels = {f"{s} ({n:,})": s for s, n in counts.items()}
         self._split_labels = labels
         value = next((lab for lab, sp in labels.items() if sp == ("train" if "train" in counts else None)),
@@ -369,13 +389,26 @@ class GeneratePanel(pn.viewable.Viewer):
         self._drawn_box.object = (f'<div class="drawn"><div class="dp-head"><span><b>{len(drawn)}</b> drawn '
                                   f'prompt{"s" * (len(drawn) != 1)}</span><span>gold</span></div><ol>{items}</ol></div>')
 
+    def _agent_defaults(self, task) -> None:
+        """On a task with tools: the tool-call budget shows, a token budget a trajectory fits in, and
+        the sample agent policy where a bundled sample policy was picked (they write no calls)."""
+        agent = bool(getattr(task, "tools", None))
+        self._turns_row.visible = agent
+        if not agent:
+            return
+        self.max_new_tokens = max(self.max_new_tokens, AGENT_MAX_NEW_TOKENS)
+        bundled = {str(POLICY_DIR), str(EARLY_POLICY_DIR), str(CHAT_POLICY_DIR), "sample", ""}
+        if self.state.policy_path in bundled:
+            self.state.policy_path = str(AGENT_POLICY_DIR)
+
     def prompts(self) -> list[str | Prompt]:
         """Drawn (as :class:`Prompt`, with their gold answers), picked, typed, then the arithmetic
         task's new prompts (drawn with the sampler's seed)."""
-        fresh = []
-        if self.task == "arithmetic" and self.fresh:
-            fresh = [p.text for p in get_task("arithmetic").make_prompts(self.fresh, seed=self.seed,
-                                                                         difficulty=self.difficulty)]
+        fresh: list[str | Prompt] = []
+        task = _builtin(self.task)
+        if task is not None and task.generates and self.fresh:
+            made = task.make_prompts(self.fresh, seed=self.seed, difficulty=self.difficulty)
+            fresh = [p.text for p in made] if self.task == "arithmetic" else list(made)  # a chat prompt: kept whole
         return (list(self._drawn) + list(self.picked) + [line for line in self.typed.splitlines() if line.strip()]
                 + fresh)
 
@@ -391,7 +424,8 @@ class GeneratePanel(pn.viewable.Viewer):
         if self.running:
             return
         config = GenerateConfig(group_size=self.group_size, temperature=self.temperature, top_p=self.top_p,
-                                max_new_tokens=self.max_new_tokens, seed=self.seed, top_k_stats=self.top_k_stats)
+                                max_new_tokens=self.max_new_tokens, seed=self.seed, top_k_stats=self.top_k_stats,
+                                max_turns=self.max_turns)
         with self._job.claim() as cancel:
             self._status.object = banner("info", "Starting the sampling worker…")
 
