@@ -42,7 +42,8 @@ def card_html(row, channel: str, value: float | None, alts: list[str] | None, st
                     f'<td style="text-align:right">{num(q)}</td></tr>')
     where = f"pos {row.pos}" + (f" · step {step + 1}" if step is not None else "") + (" · unsure" if is_fork else "")
     stats = [("log-prob", num(row.logprob), channel == "logprob"), ("p(token)", num(p), False),
-             ("entropy", f"{num(row.entropy)} nats", channel == "entropy")]
+             ("entropy", num(row.entropy) + (" nats" if row.entropy == row.entropy and row.entropy is not None else ""),
+              channel == "entropy")]
     if channel in ("advantage", "weight"):
         stats.append((channel, "–" if value is None else num(value, "+.3f"), True))
     lines = "".join(f'<span class="c-row"><span class="c-k">{k}</span>{"<b>" if bold else "<span>"}{esc(v)}'

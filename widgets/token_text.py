@@ -17,6 +17,9 @@ def token_display(text: str) -> tuple[str, bool]:
     return text, False
 
 
-def num(x: float, spec: str = ".3f") -> str:
-    """Format without a "-0.000": round first, then drop the sign of zero."""
+def num(x: float | None, spec: str = ".3f") -> str:
+    """Format without a "-0.000": round first, then drop the sign of zero; "–" for a value not
+    there (None or NaN: an imported token without the statistic, a tool response's token)."""
+    if x is None or x != x:
+        return "–"
     return format(round(float(x), 3) + 0.0, spec)
