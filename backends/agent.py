@@ -35,7 +35,8 @@ from .types import AgentEnv, Generation, Turn
 
 # padded token slots a forward may carry so that rows read tool answers several tokens a step: a
 # batch of 16 rows or fewer reads two or more, a lone row 17 (measured on the sample agent policy on
-# a CPU: 16 beats one token a step by about 10 % in tokens/s, 32 loses: a full batch pays every step)
+# a CPU: 16 beats one token a step by about 10 % in tokens/s, 32 loses: a full batch pays every step).
+# On an accelerator, where a step's cost hardly depends on its width, answers are read whole.
 PAD_SLOTS = 16
 
 
@@ -167,6 +168,7 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
     live = torch.arange(len(rows), device=device)  # the row of each batch entry
     live_rows = list(rows)
     queued: dict[int, list[int]] = {}  # id(row) -> answer tokens it has yet to read
+    wide = device.type != "cpu"
     while True:
         logp = torch.log_softmax(logits, dim=-1)  # [b, V]
         nxt = _next_token(logits, logp.exp(), temperature, top_p, gen)  # [b]
@@ -198,7 +200,9 @@ def _loop(model, tokenizer, env: AgentEnv | None, call_end: str | None, rows: li
         # answers are read as wide as the batch pads cheaply (PAD_SLOTS), or as far as the shortest goes
         # when every row is reading one (no padding at all); a row that just called reads after its token
         w = 1 + PAD_SLOTS // len(live_rows)
-        if not active:
+        if wide and queued:  # on an accelerator a padded [b, w] forward costs about one step: read answers whole
+            w = 1 + max(len(q) for q in queued.values())
+        elif not active:
             w = max(w, min(len(queued[id(r)]) for r in live_rows if not r.done))
         sampled = set(active)
         for j, r in enumerate(live_rows):
