@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .device import pick_device
+from .device import pick_device, tune_attention
 from .types import Generation, PolicyLoadError, check_policy_folder, is_policy_url
 
 
@@ -389,6 +389,7 @@ class Policy:
         self.path = Path(path).expanduser().resolve()
         check_policy_folder(self.path)
         self.device = device or pick_device()
+        tune_attention(self.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
             dtype = torch.float32 if self.device == "cpu" else "auto"
