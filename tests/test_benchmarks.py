@@ -29,6 +29,8 @@ FIGURES = {
     "bench_cuda": {f"{f}_{dt}_{m}" for f in ("cuda_sampling_tokens_per_s", "cuda_logprob_sample_vs_score_max_abs_diff",
                                               "cuda_train_step_s")
                    for dt in ("fp32", "bf16") for m in ("sample_policy", "qwen2_0p5b")},
+    "bench_cuda_agent": {f"cuda_agent_tokens_per_s_{dt}_{m}" for dt in ("fp32", "bf16")
+                         for m in ("agent_policy", "qwen2_0p5b")},
     "bench_export": {"export_1m_s"},
     "bench_fork": {"fork_first_result_s", "fork_vs_fresh_time", "forking_token_share"},
     "bench_launch": {"launch_to_first_page_s"},
