@@ -37,7 +37,7 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     alice.locator(".tabulator-row").nth(0).click()
     alice.wait_for_selector(".token-strip .tok", timeout=20_000)
     alice.locator(".token-strip .tok").nth(3).click()
-    alice.wait_for_selector(".branch-button button", timeout=20_000)
+    alice.wait_for_selector(".branch-button button", timeout=60_000)  # the first fork panel waits on the worker
     ctx.close()
 
     ctx, bob = sign_in(browser, auth_server, "bob", "bob-pass")
@@ -47,7 +47,7 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     bob.locator(".tabulator-row").nth(0).click()  # browsing still works
     bob.wait_for_selector(".token-strip .tok", timeout=20_000)
     bob.locator(".token-strip .tok").nth(3).click()  # picking a token shows no branch form to bob
-    bob.wait_for_selector("text=Browsing only: branching runs the policy", timeout=20_000)
+    bob.wait_for_selector("text=Browsing only: branching runs the policy", timeout=60_000)
     assert bob.locator(".branch-button button").count() == 0
     bob.locator(".lower-tabs .bk-tab", has_text="Compare policies").click()  # built when first opened
     assert bob.locator(".compare-button button").is_disabled()
