@@ -207,3 +207,48 @@ def test_an_imported_trajectory_s_tool_tokens_are_stored_untrained_weigh_0_and_g
     assert max(g.abs().max().item() for g in base) > 1e-4
     # unmasked (every token trained), the same change does change them
     assert not all(torch.equal(a, b) for a, b in zip(grads(targets, every), grads(other, every), strict=True))
+
+
+# ---------------------------------------------------------------------------- a short agent mini-run
+
+@pytest.mark.slow
+def test_a_short_agent_mini_run_stores_trajectories_masked_tool_tokens_and_the_agent_metrics(tmp_path):
+    """Three steps on ``calculator_agent`` with the task's defaults (the sample agent policy, its
+    budgets): every rollout is a trajectory with its turns, tool tokens are stored untrained with
+    no statistics and train weight 0, and each step's agent metrics are its trajectories' means."""
+    from sample_data import AGENT_POLICY_DIR
+    from studio.runs import minirun
+    from studio.runs.training import MiniRunConfig
+    from studio.store import Store
+
+    store = Store.open(tmp_path / "s.duckdb")
+    cfg = MiniRunConfig(steps=3, group_size=4, prompts_per_step=2, n_prompts=6, checkpoint_every=100)
+    run_id = minirun.start(store, cfg, task="calculator_agent")
+    st = minirun.wait(run_id, 600)
+    assert st.status == "done", st.error
+    config = json.loads(store.scalar("SELECT config FROM runs WHERE run_id = ?", [run_id]))
+    assert Path(config["policy"]) == AGENT_POLICY_DIR and config["max_turns"] > 1  # the agent task's defaults
+    ro = store.df("SELECT rollout_id, train_step, train_advantage, n_turns, n_tool_calls, n_tool_errors "
+                  "FROM rollouts WHERE run_id = ?", [run_id])
+    assert len(ro) == 3 * 2 * 4 and ro["n_tool_calls"].sum() > 0
+    turns = store.df("SELECT rollout_id, turn_idx, role, start_pos, end_pos, tool_name, error FROM turns "
+                     "WHERE list_contains(?, rollout_id) ORDER BY rollout_id, turn_idx", [ro["rollout_id"].tolist()])
+    per = turns.groupby("rollout_id").size()
+    called = ro[ro["n_tool_calls"] > 0]
+    assert (per.loc[called["rollout_id"]].to_numpy() == called["n_turns"].to_numpy()).all()
+    assert set(turns["role"]) == {"assistant", "tool"} and (turns.loc[turns["role"] == "tool", "tool_name"].notna()
+                                                            | turns.loc[turns["role"] == "tool", "error"].notna()).all()
+    tok = store.df("SELECT t.rollout_id, t.trained, t.train_weight, t.logprob, r.train_advantage, tu.role "
+                   "FROM tokens t JOIN rollouts r USING (rollout_id) "
+                   "LEFT JOIN turns tu ON tu.rollout_id = t.rollout_id AND tu.turn_idx = t.turn_idx "
+                   "WHERE r.run_id = ?", [run_id])
+    masked = tok[~tok["trained"]]
+    assert len(masked) > 0 and (masked["role"] == "tool").all()
+    assert (masked["train_weight"] == 0).all() and masked["logprob"].isna().all()
+    own = tok[tok["trained"]]
+    assert np.allclose(own["train_weight"], own["train_advantage"], atol=1e-6) and own["logprob"].notna().all()
+    m = minirun.metrics(store, [run_id]).pivot_table(index="train_step", columns="metric", values="value")
+    means = ro.groupby("train_step")[["n_turns", "n_tool_calls", "n_tool_errors"]].mean()
+    assert np.allclose(m["agent/turns"], means["n_turns"]) and np.allclose(m["agent/tool_calls"], means["n_tool_calls"])
+    assert np.allclose(m["agent/tool_errors"], means["n_tool_errors"])
+    store.close()

@@ -25,6 +25,7 @@ TIMEOUT_S = 900  # a smoke run takes seconds to a minute or two; a busy 2-core m
 FIGURES = {
     "bench_advantages": {"advantages_1m_s"},
     "bench_agent": {"agent_sampling_speed", "agent_branch_vs_fresh"},
+    "bench_agent_minirun": {"agent_minirun_success_points", "agent_minirun_tool_errors"},
     # smoke runs on the CPU too (a tiny Qwen2 stands in for the 0.5B one); the chat policy is full runs only
     "bench_cuda": {f"{f}_{dt}_{m}" for f in ("cuda_sampling_tokens_per_s", "cuda_logprob_sample_vs_score_max_abs_diff",
                                               "cuda_train_step_s")
