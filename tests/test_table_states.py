@@ -31,7 +31,7 @@ from sample_data import SEED_DIRS
 from studio import queries
 from studio.ingest.importers import import_run
 from studio.queries import lookups
-from studio.queries.table import train_steps
+from studio.queries.lookups import train_steps
 from studio.runs.branch import BranchConfig, branch_sync
 from studio.store import Store
 from tests.fixtures import trl_log

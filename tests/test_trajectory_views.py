@@ -18,7 +18,8 @@ import pytest
 from backends import Generation, Turn
 from sample_data import CHAT_POLICY_DIR, ROLLOUTS_DIR
 from studio import queries
-from studio.queries.table import RolloutFilter, has_trajectories, rollout_table_count
+from studio.queries.table import RolloutFilter, rollout_table_count
+from studio.queries.turns import has_trajectories
 from studio.rewards import default_rule
 from studio.runs.generation import ingest
 from studio.store import Store

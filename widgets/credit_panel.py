@@ -12,7 +12,7 @@ import param
 from sample_data import PRM_DIR, VALUE_MODEL_DIR
 from studio import queries
 from studio.queries import credit, forks, lookups
-from studio.queries.turns import turn_reward_sources
+from studio.queries.turns import has_trajectories, turn_reward_sources
 from studio.runs.credit_models import critic_values, information_gain, prm_steps, turn_information_gain
 from studio.signals.advantages import ESTIMATORS, Credit
 from studio.store import StoreError
@@ -43,7 +43,7 @@ def stored_sources(store) -> dict[str, list[str]]:
     critics = lookups.critic_versions(store)
     return {"reference": [r for r in refs if r not in critics], "values": critics,
             "steps": credit.step_sources(store) + [credit.IMPLICIT], "turns": turn_reward_sources(store),
-            "trajectories": [credit.has_trajectories(store)]}
+            "trajectories": [has_trajectories(store)]}
 
 
 def credit_controls(state: StudioState) -> pn.Column:
@@ -237,7 +237,7 @@ class CreditView(LazyView):
             return
         st = self.state
         run_id = self._runs.get(self.run)
-        self._ig_turns.visible = bool(run_id) and credit.has_trajectories(st.store, run_id)
+        self._ig_turns.visible = bool(run_id) and has_trajectories(st.store, run_id)
         if not run_id:
             self._summary.object = '<div class="empty">No rollouts yet.</div>'
             return

@@ -31,8 +31,8 @@ import param
 from bokeh.models.widgets.tables import NumberFormatter
 
 from studio import queries
-from studio.queries.table import has_trajectories, train_steps
-from studio.queries.turns import tools_used
+from studio.queries.lookups import train_steps
+from studio.queries.turns import has_trajectories, tools_used
 from studio.store import StoreError
 
 from .base.pickers import run_labels

@@ -330,14 +330,6 @@ def turn_advantages(store: Store, rollout_id: str, source: str, how: TurnCredit 
     return out.astype({"turn_idx": "int64", "reward": "float64", "advantage": "float64"})[TURN_ADVANTAGE_COLUMNS]
 
 
-def has_trajectories(store: Store, run_id: str | None = None) -> bool:
-    """Whether the store (or run ``run_id``) holds an agent trajectory: a rollout with stored turns."""
-    if run_id is None:
-        return bool(store.scalar("SELECT EXISTS (SELECT 1 FROM turns)"))
-    return bool(store.scalar("""SELECT EXISTS (SELECT 1 FROM turns t JOIN rollouts r USING (rollout_id)
-                                WHERE r.run_id = ?)""", [run_id]))
-
-
 def turn_token_advantages(turns: pd.DataFrame, n_tokens: int) -> np.ndarray:
     """Per-token advantages of a trajectory from :func:`turn_advantages`' rows: every token of
     assistant turn k gets A_k; the tokens of other turns (a tool's response: masked) get 0.

@@ -130,3 +130,12 @@ def informative_rollout(store: Store) -> str | None:
         ORDER BY ro.group_id NOT IN (SELECT group_id FROM mixed),
                  ro.created_at DESC, p.text, ro.group_id, ro.sample_idx, ro.rollout_id
         LIMIT 1""")
+
+
+def train_steps(store: Store, run_id: str | None = None) -> list[int]:
+    """The training steps the rollouts of ``run_id`` (of every run: None) were sampled at, ascending:
+    what the table's step filter offers (empty: rollouts sampled outside training)."""
+    cond, params = ("run_id = ?", [run_id]) if run_id else ("TRUE", [])
+    steps = store.df(f"SELECT DISTINCT train_step FROM rollouts WHERE {cond} AND train_step IS NOT NULL ORDER BY 1",
+                     params)["train_step"]
+    return [int(s) for s in steps]

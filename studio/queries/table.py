@@ -460,15 +460,6 @@ def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule
     return df, None
 
 
-def train_steps(store: Store, run_id: str | None = None) -> list[int]:
-    """The training steps the rollouts of ``run_id`` (of every run: None) were sampled at, ascending:
-    what the table's step filter offers (empty: rollouts sampled outside training)."""
-    cond, params = ("run_id = ?", [run_id]) if run_id else ("TRUE", [])
-    steps = store.df(f"SELECT DISTINCT train_step FROM rollouts WHERE {cond} AND train_step IS NOT NULL ORDER BY 1",
-                     params)["train_step"]
-    return [int(s) for s in steps]
-
-
 def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
                         credit: Credit | None = None) -> int:
     """How many rows :func:`rollout_table` has under ``f`` over all its pages (``f.limit`` aside).
@@ -499,8 +490,3 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     return int(store.scalar(f"""SELECT count(*) FROM rollouts ro JOIN prompts p USING (prompt_id)
                                 JOIN runs r USING (run_id) WHERE {' AND '.join(conds)}""", params))
 
-
-def has_trajectories(store: Store) -> bool:
-    """Whether any stored rollout is an agent trajectory (more than one turn): the table's turns column
-    and its trajectory filters are shown only then."""
-    return bool(store.scalar("SELECT EXISTS (SELECT 1 FROM rollouts WHERE n_turns > 1)"))

@@ -54,3 +54,12 @@ def tools_used(store: Store) -> list[str]:
     """The tools any stored trajectory called, by name (the table's tool filter offers them)."""
     return store.df("SELECT DISTINCT tool_name FROM turns WHERE role = 'assistant' AND tool_name IS NOT NULL "
                     "ORDER BY tool_name")["tool_name"].tolist()
+
+
+def has_trajectories(store: Store, run_id: str | None = None) -> bool:
+    """Whether the store (or run ``run_id``) holds an agent trajectory, a rollout with stored turns: the
+    table's turns column and trajectory filters, and the per-turn credit settings, show only then."""
+    if run_id is None:
+        return bool(store.scalar("SELECT EXISTS (SELECT 1 FROM turns)"))
+    return bool(store.scalar("""SELECT EXISTS (SELECT 1 FROM turns t JOIN rollouts r USING (rollout_id)
+                                WHERE r.run_id = ?)""", [run_id]))
