@@ -304,6 +304,14 @@ def test_credit_over_turns_on_the_sample_agent_world(tmp_path):
     stopped = group[group["finish_reason"] == "stop"]
     p0 = {round(float(stopped["correct"].iloc[i]) - sums[r], 6) for i, r in enumerate(stopped["rollout_id"])}
     assert len(p0) == 1 and 0.0 <= p0.pop() <= 1.0
+    # another policy's vocabulary reads the stored ids as another text: refused, nothing stored
+    from sample_data import POLICY_DIR
+    from studio.workers import TokenizerMismatch
+
+    stored = store.scalar("SELECT count(*) FROM turn_rewards")
+    with pytest.raises(TokenizerMismatch, match="not the one that made the rollout"):
+        run_sync(turn_information_gain, store, POLICY_DIR, rids)
+    assert store.scalar("SELECT count(*) FROM turn_rewards") == stored
     # a rule's turn_reward: every failed call costs 1
     res = rules.apply_rule_sync(store, "def reward(prompt, completion, gold, steps, **ctx):\n    return 0.0\n\n"
                                        "def turn_reward(prompt, turn, gold, **ctx):\n"

@@ -92,7 +92,8 @@ async def turn_information_gain(store: Store, policy_path: str | Path, rollout_i
     trajectory has committed to it; IGPO gives the last turn the outcome), so a trajectory's
     turn values sum to 1[correct] − P(gold | prompt). Stored in ``turn_rewards`` under
     ``ig-<policy version>``; returns that id. Rollouts it already covers, and rollouts without
-    token ids, are skipped; a rollout without stored turns is one assistant turn.
+    token ids, are skipped; a rollout without stored turns is one assistant turn. A policy whose
+    tokenizer reads the stored ids as another text is refused (``workers.TokenizerMismatch``).
     """
     from studio import workers
     from studio.queries.reads import tokens_of
@@ -124,22 +125,22 @@ async def turn_information_gain(store: Store, policy_path: str | Path, rollout_i
             cuts = cuts[:-1]
         gold = queries.prompt_of_row({"prompt": r.prompt, "gold": r.gold}).gold
         prompt = seen_prompt(r.prompt_text, r.prompt, r.messages)
-        answers = [answer_text(r.task, gold, "".join(texts[:c])) for c in cuts]
+        read = ["".join(texts[:c]) for c in cuts]
         final = (1.0 if bool(r.correct) else 0.0) if answered else None
         jobs.append((r.rollout_id, [int(tr["turn_idx"][i]) for i in acting], prompt,
-                     [ids[:c] for c in cuts], answers, final))
+                     [ids[:c] for c in cuts], [answer_text(r.task, gold, x) for x in read], final, read))
     if not jobs:
         raise ValueError("no trajectory to measure: these rollouts have no token ids (enrich them first)")
     ex = workers.pool()
     loop = asyncio.get_running_loop()
-    flat = [(j[2], pre, ans) for j in jobs for pre, ans in zip(j[3], j[4], strict=True)]
+    flat = [(j[2], pre, ans, text) for j in jobs for pre, ans, text in zip(j[3], j[4], j[6], strict=True)]
     probs, version = await loop.run_in_executor(None, lambda: ex.submit(
         workers.answer_prob_job, str(policy_path), [f[0] for f in flat], [f[1] for f in flat],
-        [f[2] for f in flat]).result())
+        [f[2] for f in flat], prefix_texts=[f[3] for f in flat]).result())
     source = f"ig-{version}"
     done = set(store.df("SELECT DISTINCT rollout_id FROM turn_rewards WHERE source = ?", [source])["rollout_id"])
     out, i = [], 0
-    for rid, turn_idx, _, prefixes, _, final in jobs:
+    for rid, turn_idx, _, prefixes, _, final, _ in jobs:
         p = list(probs[i:i + len(prefixes)]) + ([final] if final is not None else [])
         i += len(prefixes)
         if rid not in done:

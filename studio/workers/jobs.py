@@ -184,12 +184,14 @@ def context_length(policy) -> int | None:
 
 
 def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[str | list[int]], answers: list[str],
-                    batch_size: int = 32) -> tuple[list[float], str]:
+                    batch_size: int = 32, prefix_texts: list[str] | None = None) -> tuple[list[float], str]:
     """Runs in a worker: P(answer | prompt + prefix) under the policy, teacher-forced.
 
     The prefix and the answer are tokenized apart (the answer's ids follow the prefix's),
     so the probability is of exactly the answer's tokens: exp(Σ their log-probs). A prefix
-    given as token ids (a trajectory's stored tokens) is read as they are.
+    given as token ids (a trajectory's stored tokens) is read as they are; with
+    ``prefix_texts`` (what those ids read as, in the store) a policy whose tokenizer decodes
+    them to another text has another vocabulary, and the job refuses.
     """
     import math
 
@@ -199,7 +201,12 @@ def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[
     tok = policy.tokenizer
     prompts = _rendered(policy, prompts)
     ids, n_ans = [], []
-    for pre, ans in zip(prefixes, answers, strict=False):
+    for i, (pre, ans) in enumerate(zip(prefixes, answers, strict=False)):
+        if prefix_texts is not None and isinstance(pre, list) and (
+                max(pre, default=0) >= len(tok) or tok.decode(pre, skip_special_tokens=False) != prefix_texts[i]):
+            raise TokenizerMismatch(
+                f"the policy in {policy_path} does not read a stored rollout's token ids as its text "
+                f"({prefix_texts[i][:60]!r}): its tokenizer is not the one that made the rollout")
         a = tok(ans, add_special_tokens=False)["input_ids"]
         ids.append((pre if isinstance(pre, list) else tok(pre, add_special_tokens=False)["input_ids"]) + a)
         n_ans.append(len(a))
