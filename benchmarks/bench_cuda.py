@@ -123,6 +123,31 @@ class Report:
         self.skipped.append(what)
         print(f"    [skipped] {what}", flush=True)
 
+    def finish(self, out: Path | None, name: str, meta: dict, note: str | None = None) -> int:
+        """Print the checks' summary and the figures (one JSON line each); with ``out``, also write
+        ``out/<name>.jsonl`` and ``out/<name>_checks.json`` (``meta`` and every check). Returns the
+        exit status: 1 when a check failed."""
+        failed = [c for c in self.checks if not c["ok"]]
+        print(f"\n{len(self.checks) - len(failed)}/{len(self.checks)} checks passed"
+              f"{f', {len(self.skipped)} skipped' if self.skipped else ''}; "
+              f"{time.monotonic() - self.t0:.0f} s of the {self.budget_s:.0f} s budget used")
+        for c in failed:
+            print(f"  FAILED: {c['check']}: {c['detail']}")
+        if note:
+            print(f"  ({note})")
+        lines = [json.dumps(f) for f in self.figures]
+        if out:
+            out = Path(out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{name}.jsonl").write_text("".join(x + "\n" for x in lines))
+            (out / f"{name}_checks.json").write_text(json.dumps(
+                {**meta, "checks": self.checks, "skipped": self.skipped,
+                 "elapsed_s": round(time.monotonic() - self.t0, 1)}, indent=1))
+        print()
+        for x in lines:
+            print(x)
+        return 1 if failed else 0
+
     def section(self, name: str, fn, *args) -> object:
         """Run one section; an exception is a failed check (the run goes on)."""
         if self.left() < MIN_SECTION_S:
@@ -673,27 +698,10 @@ def main(args) -> int:
                     rep.check(f"{model_label} {dt}: case ran", False, f"{type(exc).__name__}: {exc}")
                     traceback.print_exc()
 
-    failed = [c for c in rep.checks if not c["ok"]]
-    print(f"\n{len(rep.checks) - len(failed)}/{len(rep.checks)} checks passed"
-          f"{f', {len(rep.skipped)} skipped' if rep.skipped else ''}; "
-          f"{time.monotonic() - rep.t0:.0f} s of the {args.budget_s:.0f} s budget used")
-    for c in failed:
-        print(f"  FAILED: {c['check']}: {c['detail']}")
-    if args.smoke:
-        print(f"  ({smoke.NOTE}; the '{QWEN}' case is a {args.qwen_size} Qwen2)")
-    lines = [json.dumps(f) for f in rep.figures]
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cuda.jsonl").write_text("".join(x + "\n" for x in lines))
-        (out / "cuda_checks.json").write_text(json.dumps(
-            {"device": device, "gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
-             "smoke": bool(args.smoke), "qwen_size": args.qwen_size, "checks": rep.checks, "skipped": rep.skipped,
-             "elapsed_s": round(time.monotonic() - rep.t0, 1)}, indent=1))
-    print()
-    for x in lines:
-        print(x)
-    return 1 if failed else 0
+    note = f"{smoke.NOTE}; the '{QWEN}' case is a {args.qwen_size} Qwen2" if args.smoke else None
+    return rep.finish(args.out, "cuda", {"device": device, "gpu": gpu, "torch": torch.__version__,
+                                         "transformers": transformers.__version__, "smoke": bool(args.smoke),
+                                         "qwen_size": args.qwen_size}, note)
 
 
 def parse_args(argv=None):

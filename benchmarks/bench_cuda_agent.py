@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import statistics
 import sys
@@ -304,25 +303,8 @@ def main(args) -> int:
                 except Exception as exc:
                     rep.check(f"qwen2 {dt}: case ran", False, f"{type(exc).__name__}: {exc}")
                     traceback.print_exc()
-    failed = [c for c in rep.checks if not c["ok"]]
-    print(f"\n{len(rep.checks) - len(failed)}/{len(rep.checks)} checks passed"
-          f"{f', {len(rep.skipped)} skipped' if rep.skipped else ''}; {time.monotonic() - rep.t0:.0f} s used")
-    for c in failed:
-        print(f"  FAILED: {c['check']}: {c['detail']}")
-    if args.smoke:
-        print(f"  ({smoke.NOTE})")
-    lines = [json.dumps(f) for f in rep.figures]
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cuda_agent.jsonl").write_text("".join(x + "\n" for x in lines))
-        (out / "cuda_agent_checks.json").write_text(json.dumps(
-            {"device": device, "gpu": gpu, "smoke": bool(args.smoke), "checks": rep.checks, "skipped": rep.skipped,
-             "elapsed_s": round(time.monotonic() - rep.t0, 1)}, indent=1))
-    print()
-    for x in lines:
-        print(x)
-    return 1 if failed else 0
+    return rep.finish(args.out, "cuda_agent", {"device": device, "gpu": gpu, "smoke": bool(args.smoke)},
+                      smoke.NOTE if args.smoke else None)
 
 
 def parse_args(argv=None):
