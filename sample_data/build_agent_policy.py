@@ -33,6 +33,7 @@ from studio.tasks.tool_calls import MARKERS
 
 from . import AGENT_POLICY_DIR
 from .agent_world import ENV, POOL, TASK, corpus, expert, heldout, training_problems
+from .build_chat_policy import save
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -138,17 +139,6 @@ def train_step(model, opt, batch, lr: float) -> float:
     return loss.item()
 
 
-def save(model, tokenizer, out: Path, card: dict) -> None:
-    model.eval()
-    gc = model.generation_config
-    gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.max_new_tokens = True, 1.0, 0, 1.0, MAX_NEW_TOKENS
-    gc.eos_token_id, gc.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    (out / "training_log.json").write_text(json.dumps(card, indent=1))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=AGENT_POLICY_DIR)
@@ -183,7 +173,7 @@ def main() -> None:
     card = {"task": TASK.name, "steps": step, **result, "heldout_size": len(held),
             "train_seconds": round(time.time() - t0, 1), "params": sum(p.numel() for p in model.parameters()),
             "machine": f"{platform.machine()} CPU, torch threads {torch.get_num_threads()}", "log": log}
-    save(model, tokenizer, args.out, card)
+    save(model, tokenizer, args.out, card, MAX_NEW_TOKENS)
     print(f"saved {args.out} after {step} steps, held-out success {result.get('success_t1', 0):.2f}, "
           f"{card['train_seconds']} s")
 

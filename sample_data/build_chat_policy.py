@@ -139,10 +139,12 @@ def train_step(model, opt, batch, lr: float) -> float:
     return loss.item()
 
 
-def save(model, tokenizer, out: Path, card: dict) -> None:
+def save(model, tokenizer, out: Path, card: dict, max_new_tokens: int = 96) -> None:
+    """The model and tokenizer as a transformers folder (sampling at temperature 1 by default),
+    with ``card`` as its ``training_log.json``."""
     model.eval()
     gc = model.generation_config
-    gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.max_new_tokens = True, 1.0, 0, 1.0, 96
+    gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.max_new_tokens = True, 1.0, 0, 1.0, max_new_tokens
     gc.eos_token_id, gc.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
