@@ -88,6 +88,12 @@ class Generation:
     # (True on the policy's own tokens; tool responses False, their statistics NaN / topk ids -1)
     turns: list[Turn] | None = None
     loss_mask: np.ndarray | None = None  # [T] bool; None: every token trained
+    # the training-inference mismatch: what computed ``logprobs`` (the behaviour side, e.g. 'torch 2.13.0 cpu
+    # float32'), the log-probs a training side recomputed for the same tokens, and each token's rank under the
+    # policy that scored it (teacher forcing: 1 = its argmax)
+    engine: str = ""
+    train_logprobs: np.ndarray | None = None  # [T] float32; None: not recomputed
+    ranks: np.ndarray | None = None  # [T] int64; None: not computed
 
     @property
     def n_tokens(self) -> int:

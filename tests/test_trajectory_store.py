@@ -87,7 +87,7 @@ def test_a_schema_8_store_migrates_without_loss(tmp_path):
     con.close()
     assert before["rollouts"] > 0 and before["token_rows"] > 0
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "9"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "10"
     after = {t: s.scalar(f"SELECT count(*) FROM {t}") for t in ("rollouts", "tokens", "rewards")}
     assert after == {"rollouts": before["rollouts"], "tokens": before["token_rows"], "rewards": before["rewards"]}
     assert s.df("SELECT sum(logprob) a, sum(entropy) b, count(DISTINCT rollout_id) c FROM tokens").iloc[0].tolist() \
@@ -100,4 +100,27 @@ def test_a_schema_8_store_migrates_without_loss(tmp_path):
     rid = s.scalar("SELECT rollout_id FROM rollouts ORDER BY rollout_id LIMIT 1")
     n = s.scalar("SELECT n_tokens FROM rollouts WHERE rollout_id = ?", [rid])
     assert turns_of(s, rid)[["role", "start_pos", "end_pos"]].values.tolist() == [["assistant", 0, n]]
+    s.close()
+
+
+def test_a_schema_9_store_gains_the_mismatch_columns_without_loss(tmp_path):
+    """``tests/data/store_schema9.duckdb`` was written by the studio at schema 9 (commit 1014a8a): agent
+    trajectories with turns and a loss mask. Schema 10 adds the recomputed log-prob and who made each side."""
+    path = tmp_path / "old9.duckdb"
+    shutil.copy(DATA / "store_schema9.duckdb", path)
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    sums = con.execute("SELECT count(*), sum(logprob), count(trained) FILTER (NOT trained) FROM token_rows").fetchone()
+    n_turns = con.execute("SELECT count(*) FROM turns").fetchone()[0]
+    con.close()
+    s = Store.open(path)
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "10"
+    got = s.df("SELECT count(*) n, sum(logprob) lp, count(trained) FILTER (NOT trained) masked, "
+               "count(train_logprob) tl, count(train_rank) tr FROM tokens").iloc[0]
+    assert [got.n, got.lp, got.masked] == pytest.approx(list(sums)) and sums[2] > 0
+    assert got.tl == 0 and got.tr == 0  # nothing was recomputed before schema 10
+    assert s.scalar("SELECT count(*) FROM turns") == n_turns > 0
+    assert s.scalar("SELECT count(engine) + count(train_engine) + count(train_policy_version) FROM rollouts") == 0
+    assert s.df("SELECT engine, rank FROM token_scores").columns.tolist() == ["engine", "rank"]
     s.close()

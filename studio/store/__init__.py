@@ -212,8 +212,9 @@ class Store:
                     cur.execute(stmt)
                 if version < 8:  # correctness became a column: what SQL could not backfill (schema.MIGRATIONS[8])
                     fill_verdicts(cur)
-                if version < 9:  # every stored rollout is one assistant turn; the tokens view gains turn and mask
+                if version < 9:  # every stored rollout is one assistant turn
                     cur.execute(schema.SINGLE_TURN)
+                if version < 10:  # the tokens view gains the columns token_rows gained (turn and mask, train_logprob)
                     self.refresh_tokens_view(cur)
                 cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 

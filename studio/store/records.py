@@ -104,6 +104,23 @@ def validate(gen: Generation) -> None:
         raise RecordError(f"generation for {gen.prompt!r}: entropies must be finite and logprobs <= 0")
     if gen.turns is not None:
         check_turns(gen.turns, T, f"generation for {gen.prompt!r}")
+    if gen.train_logprobs is not None:
+        check_logprobs(gen.train_logprobs, T, mask, f"generation for {gen.prompt!r}: recomputed log-probs")
+    if gen.ranks is not None and gen.ranks.shape != (T,):
+        raise RecordError(f"generation for {gen.prompt!r}: {gen.ranks.shape[0]} ranks for {T} tokens")
+
+
+def check_logprobs(values: np.ndarray, n_tokens: int, mask: np.ndarray, where: str) -> None:
+    """Refuse a per-token log-prob list of another length than the tokens, or one that is NaN, infinite or
+    positive on a trained token (a masked token's value is not read)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (n_tokens,):
+        raise RecordError(f"{where}: {values.shape[0] if values.ndim else 0} values for {n_tokens} tokens")
+    own = values[mask]
+    if not np.isfinite(own).all():
+        raise RecordError(f"{where}: NaN or infinite at token {int(np.flatnonzero(mask)[~np.isfinite(own)][0])}")
+    if (own > 1e-4).any():
+        raise RecordError(f"{where}: positive log-probability at token {int(np.flatnonzero(mask)[own > 1e-4][0])}")
 
 
 def check_turns(turns, n_tokens: int, where: str) -> None:
@@ -193,6 +210,7 @@ class GenerationRows(NamedTuple):
 
 def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[Generation],
                     policy_version: str | None = None, train_step: int | None = None,
+                    train_policy_version: str | None = None, train_engine: str | None = None,
                     ) -> GenerationRows:
     """Rollout, token and turn rows for ``gens``; ``gens[i].prompt_index`` indexes ``prompts``.
 
@@ -201,12 +219,17 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
     version is shown), and the text the policy continued when a chat template made it differ
     from the prompt's text. An agent trajectory's tokens carry their turn and the loss mask
     (a tool response's tokens: not trained, no statistics), its turns become ``turns`` rows.
+
+    Each rollout records the engine that sampled it (``Generation.engine``: who reported the behaviour
+    log-probs). A generation that carries ``train_logprobs`` (the same tokens' log-probs recomputed by a
+    training side, e.g. a mini-run's trainer) stores them in ``tokens.train_logprob``, and its rollout names
+    who recomputed them: ``train_policy_version`` and ``train_engine``.
     """
     groups: dict[int, str] = {}
     created = now()
     rollouts, tok_cols = [], {k: [] for k in ("rollout_id", "pos", "token_id", "token_text", "logprob",
                                               "entropy", "topk_ids", "topk_logprobs", "step_idx",
-                                              "turn_idx", "trained")}
+                                              "turn_idx", "trained", "train_logprob", "train_rank")}
     rids, turn_lists = [], []
     for gen in gens:
         validate(gen)
@@ -224,6 +247,9 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
             "finish_reason": gen.finish_reason, "policy_version": policy_version, "created_at": created,
             "prompt_text": gen.prompt if gen.prompt != prompt.text else None, "answer": answer, "correct": correct,
             "n_turns": n_turns, "n_tool_calls": n_calls, "n_tool_errors": n_errors,
+            "engine": gen.engine or None,
+            "train_policy_version": train_policy_version if gen.train_logprobs is not None else None,
+            "train_engine": train_engine if gen.train_logprobs is not None else None,
         })
         T = gen.n_tokens
         mask = gen.mask
@@ -239,6 +265,10 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
         tok_cols["step_idx"] += step_index(gen.token_texts, task, prompt, gen.text)
         tok_cols["turn_idx"] += (turn_of_tokens(gen.turns, T).tolist() if gen.turns else [0] * T)
         tok_cols["trained"] += mask.tolist()
+        tok_cols["train_logprob"] += ([None] * T if gen.train_logprobs is None else
+                                      [float(v) if m else None for v, m in zip(gen.train_logprobs.tolist(), mask,
+                                                                                strict=True)])
+        tok_cols["train_rank"] += [None] * T if gen.ranks is None else [int(v) for v in gen.ranks.tolist()]
     tokens = pa.table({
         "rollout_id": pa.array(tok_cols["rollout_id"], pa.string()),
         "pos": pa.array(tok_cols["pos"], pa.int32()),
@@ -251,5 +281,7 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
         "step_idx": pa.array(tok_cols["step_idx"], pa.int32()),
         "turn_idx": pa.array(tok_cols["turn_idx"], pa.int32()),
         "trained": pa.array(tok_cols["trained"], pa.bool_()),
+        "train_logprob": pa.array(tok_cols["train_logprob"], pa.float32()),
+        "train_rank": pa.array(tok_cols["train_rank"], pa.int32()),
     })
     return GenerationRows(pd.DataFrame(rollouts), tokens, turn_frame(rids, turn_lists))

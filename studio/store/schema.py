@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -58,7 +58,11 @@ TABLES: dict[str, str] = {
                                         --   correctness field (schema 8); NULL: no gold answer to check against
         n_turns INTEGER,                -- agent trajectories (schema 9): turns of the completion (1: a single answer),
         n_tool_calls INTEGER,           --   tool calls the policy made,
-        n_tool_errors INTEGER           --   calls that failed (bad JSON, unknown tool, the tool raised / timed out)
+        n_tool_errors INTEGER,          --   calls that failed (bad JSON, unknown tool, the tool raised / timed out)
+        engine VARCHAR,                 -- what sampled it and reported tokens.logprob, the behaviour log-prob (schema 10):
+                                        --   'torch 2.13.0 cpu float32', a backend's URL and engine, an import's column
+        train_policy_version VARCHAR,   -- who recomputed tokens.train_logprob (schema 10): the policy version
+        train_engine VARCHAR            --   and the engine (a trainer, or Rescore's teacher forcing); NULL: not recomputed
     """,
     "tokens": """                       -- a view (schema 7): the rows of table token_rows and of the
                                         --   Parquet shards in token_shards; see TOKEN_ROWS
@@ -74,8 +78,11 @@ TABLES: dict[str, str] = {
         step_idx INTEGER,               -- which reasoning step the token belongs to (NULL: none)
         train_weight FLOAT,             -- mini-runs: advantage x entropy mask this token was trained with (schema 4)
         turn_idx INTEGER,               -- the turn (turns.turn_idx) the token belongs to (schema 9); NULL: turn 0
-        trained BOOLEAN                 -- the loss mask: false on tokens the policy did not write (tool responses:
+        trained BOOLEAN,                -- the loss mask: false on tokens the policy did not write (tool responses:
                                         --   no logprob / entropy); NULL: trained
+        train_logprob FLOAT,            -- log pi_train(token | context) recomputed by the training side (a trainer, or
+                                        --   Rescore by a chosen policy and precision) (schema 10); NULL: not recomputed
+        train_rank INTEGER              -- the token's rank under that recomputation (1: its argmax); NULL: unknown
     """,
     "turns": """
         rollout_id VARCHAR NOT NULL,    -- an agent trajectory's turns after its prompt, in order (schema 9); a
@@ -102,7 +109,9 @@ TABLES: dict[str, str] = {
         policy_version VARCHAR NOT NULL,-- folder@weights-hash of the scoring policy
         logprob FLOAT,
         entropy FLOAT,
-        value FLOAT                     -- a critic's V(s_pos), the state before token pos (schema 3)
+        value FLOAT,                    -- a critic's V(s_pos), the state before token pos (schema 3)
+        engine VARCHAR,                 -- what computed it: 'torch 2.13.0 cpu float32', a backend (schema 10)
+        rank INTEGER                    -- the stored token's rank under the scoring policy (1: its argmax) (schema 10)
     """,
     "rule_versions": """
         rule_version_id VARCHAR PRIMARY KEY,
@@ -295,6 +304,15 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_turns INTEGER",
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_tool_calls INTEGER",
         "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS n_tool_errors INTEGER",
+    ],
+    10: [  # training-inference mismatch: a recomputed log-prob beside the behaviour one, and what produced each
+        "ALTER TABLE token_rows ADD COLUMN IF NOT EXISTS train_logprob FLOAT",
+        "ALTER TABLE token_rows ADD COLUMN IF NOT EXISTS train_rank INTEGER",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS engine VARCHAR",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS train_policy_version VARCHAR",
+        "ALTER TABLE rollouts ADD COLUMN IF NOT EXISTS train_engine VARCHAR",
+        "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS engine VARCHAR",
+        "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS rank INTEGER",
     ],
 }
 

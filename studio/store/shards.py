@@ -65,11 +65,12 @@ TOKEN_TYPES: dict[str, pa.DataType] = {
     "rollout_id": pa.string(), "pos": pa.int32(), "token_id": pa.int32(), "token_text": pa.string(),
     "logprob": pa.float32(), "entropy": pa.float32(), "topk_ids": pa.list_(pa.int32()),
     "topk_logprobs": pa.list_(pa.float32()), "ref_logprob": pa.float32(), "step_idx": pa.int32(),
-    "train_weight": pa.float32(), "turn_idx": pa.int32(), "trained": pa.bool_()}
+    "train_weight": pa.float32(), "turn_idx": pa.int32(), "trained": pa.bool_(),
+    "train_logprob": pa.float32(), "train_rank": pa.int32()}
 SQL_TYPES = {"rollout_id": "VARCHAR", "pos": "INTEGER", "token_id": "INTEGER", "token_text": "VARCHAR",
              "logprob": "FLOAT", "entropy": "FLOAT", "topk_ids": "INTEGER[]", "topk_logprobs": "FLOAT[]",
              "ref_logprob": "FLOAT", "step_idx": "INTEGER", "train_weight": "FLOAT",
-             "turn_idx": "INTEGER", "trained": "BOOLEAN"}
+             "turn_idx": "INTEGER", "trained": "BOOLEAN", "train_logprob": "FLOAT", "train_rank": "INTEGER"}
 assert list(TOKEN_TYPES) == schema.columns("tokens") == list(SQL_TYPES)
 
 
