@@ -14,7 +14,9 @@ One training step (:func:`policy_loss` and :func:`backward`), as TRL's ``GRPOTra
    the views use), per completion;
 4. μ optimiser updates on :func:`policy_loss` over the batch; the first update's
    log-probs are π_old (detached), the reference policy's (frozen copy of the start
-   weights) give the KL term.
+   weights) give the KL term. With a mismatch correction (decoupled, as verl's TIS / MIS), the
+   sampler's log-probs are the behaviour policy and per-token importance weights w, computed from
+   π_old and them, multiply the policy-gradient term (:func:`backward`'s ``correction``).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
                 eps_low: float = 0.2, eps_high: float | None = None, beta: float = 0.0,
                 ref_logps: torch.Tensor | None = None, entropy_mask: torch.Tensor | None = None,
                 loss_type: str = "grpo", max_completion_length: int | None = None,
-                kl_ratio_correction: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+                kl_ratio_correction: bool = True, is_weights: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate with a KL penalty (PPO clip as in GRPO; DeepSeekMath, TRL).
 
     Per token t of completion i, with ratio ρ = exp(log π - log π_old):
@@ -54,6 +57,12 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     neither to the loss nor to the length it is averaged over, and its gradient is exactly 0.
     Its ``old_logps`` / ``ref_logps`` may be NaN (a tool token has no policy statistics): they
     are never read. (An entropy-masked token, by contrast, still counts in the length.)
+
+    ``is_weights`` (``[B, T]``, detached; None: 1) are the training-inference mismatch's
+    importance weights w (TIS, MIS, ICEPOP): they multiply the policy-gradient term of each
+    token, as verl's decoupled correction does (``pg_losses * rollout_is_weights``), so
+    ℓ_{i,t} = -w_{i,t}·min(ρ·A_i, clip(ρ)·A_i)·m^H_{i,t} + β·KL_{i,t}; a token with w = 0 (masked)
+    adds nothing but still counts in the length.
 
     Returns the loss and statistics: ``clip_frac`` (share of tokens whose ratio left the
     clip range on the side that matters for the sign of A, TRL's ``clip_ratio/region_mean``),
@@ -82,6 +91,8 @@ def policy_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.
     per_token = -torch.min(ratio * adv, clipped * adv)
     if entropy_mask is not None:
         per_token = per_token * entropy_mask
+    if is_weights is not None:  # a tool token's weight may be NaN: torch.where below drops it, gradient included
+        per_token = per_token * torch.where(keep, is_weights.detach(), 0.0)
     kl = None
     if beta != 0.0:
         if ref_logps is None:
@@ -250,6 +261,11 @@ class MicroBatch:
     loss_masks: list[np.ndarray] | None = None  # per row [T] bool; None: every token trained
     old_logps: torch.Tensor | None = None  # [b, C_b]; None: this pass's own, detached (μ = 1)
     ref_logps: torch.Tensor | None = None  # [b, C_b]
+    behaviour_logps: torch.Tensor | None = None  # [b, C_b]: the sampler's log-probs (a mismatch correction reads them)
+    # set by the first backward: the log-probs under the weights the step started from (detached), and the
+    # correction's weights (None: no correction)
+    train_logps: torch.Tensor | None = None  # [b, C_b]
+    is_weights: torch.Tensor | None = None  # [b, C_b]
 
 
 def micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], advantages: torch.Tensor,
@@ -276,17 +292,27 @@ def micro_batches(prompt_ids: list[list[int]], completion_ids: list[list[int]], 
     return out
 
 
-def backward(model, batches: list[MicroBatch], pad_id: int, **loss_kw) -> tuple[float, dict[str, float]]:
+def backward(model, batches: list[MicroBatch], pad_id: int, correction=None, **loss_kw) -> tuple[float, dict[str, float]]:
     """Forward and backward over the micro-batches (gradients accumulate in ``model``):
     the gradient of the whole batch's :func:`policy_loss`. Returns the loss and the
-    statistics averaged over the batch's tokens."""
+    statistics averaged over the batch's tokens.
+
+    The first call of a step (``mb.train_logps`` still None) keeps each micro-batch's log-probs
+    under the weights the step started from (``train_logps``, detached: the trainer's recomputed
+    log-probs of the sampled tokens, no extra forward pass) and, given ``correction`` (a callable
+    ``(old_logps, behaviour_logps, mask) -> weights``, each ``[b, C]``), the importance weights
+    from π_old and the sampler's ``behaviour_logps``, which every update of the step reuses."""
     total, stats = 0.0, {"clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0}
     n_tok = max(1, sum(mb.n_tokens for mb in batches))
     for mb in batches:
         logps, mask, _ = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad_id, loss_masks=mb.loss_masks)
         old = mb.old_logps if mb.old_logps is not None else logps.detach()
+        if mb.train_logps is None:
+            mb.train_logps = logps.detach()
+            if correction is not None:
+                mb.is_weights = correction(old, mb.behaviour_logps, mask)
         loss, st = policy_loss(logps, old, mb.advantages, mask, ref_logps=mb.ref_logps, entropy_mask=mb.entropy_mask,
-                               **loss_kw)
+                               is_weights=mb.is_weights, **loss_kw)
         (loss * mb.weight).backward()
         total += float(loss.detach()) * mb.weight
         for k in stats:
@@ -307,6 +333,7 @@ class StepOutput:
     token_weights: list[np.ndarray]  # per generation, per token: advantage × entropy mask × loss mask
     metrics: dict[str, float]
     reward_errors: list[dict[str, str]] = field(default_factory=list)  # per generation: component -> why it failed
+    train_engine: str = ""  # what recomputed each generation's train_logprobs (the trainer's engine)
 
 
 def entropy_threshold(entropies: list[np.ndarray], q: float) -> float | None:

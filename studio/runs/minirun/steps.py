@@ -2,8 +2,9 @@
 
 :func:`receive` runs on a thread of the owner for each live run. A finished step is written
 by :func:`write_step` in one transaction: rollouts (with ``train_step`` and
-``train_advantage``, the advantage the loss used), tokens (with ``train_weight``: advantage ×
-entropy mask), rewards under the run's rule version, and the step's metrics. A step is
+``train_advantage``, the advantage the loss used, and the engine that sampled it), tokens (with
+``train_weight``: advantage × entropy mask; ``logprob`` the sampler's, ``train_logprob`` the
+trainer's at the weights the step started from, ``train_policy_version`` ``<run_id>@<step - 1>``), rewards under the run's rule version, and the step's metrics. A step is
 stored whole or not at all, so a killed training process (even SIGKILL) leaves no partial
 step: the reader marks the run ``failed`` with the reason (:func:`finish`).
 """
@@ -85,8 +86,10 @@ def write_step(store: Store, run_id: str, task, out, vid: str, golds: list[dict]
     """One training step's rollouts, tokens, rewards and metrics: one transaction."""
     prompts = [Prompt(t, g) for t, g in zip(out.prompts, golds, strict=False)]
     lag = int(out.metrics.get("staleness", 0) or 0)  # overlapped sampling: drawn by the weights `lag` updates back
+    # behaviour: the sampler's weights (`lag` updates back); train_logprob: the trainer's at the step's start
     rollouts, tokens, turns = generation_rows(run_id, task, prompts, out.generations, f"{run_id}@{out.step - 1 - lag}",
-                                       train_step=out.step)
+                                              train_step=out.step, train_policy_version=f"{run_id}@{out.step - 1}",
+                                              train_engine=out.train_engine or None)
     rollouts["train_advantage"] = np.asarray(out.advantages, dtype=np.float64)
     weights = np.concatenate(out.token_weights) if out.token_weights else np.zeros(0)
     tokens = tokens.append_column("train_weight", pa.array(weights.astype(np.float32), pa.float32()))

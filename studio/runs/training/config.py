@@ -17,6 +17,11 @@ from studio.errors import StudioError
 from studio.runs.training.rollouts import is_agent
 
 TRAIN_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+CORRECTIONS = ("none", "tis", "mis", "icepop")  # importance weights for the sampler's mismatch (training.correction)
+SAMPLER_PRECISIONS = ("float32", "bfloat16")
+# each correction's band as the frameworks ship it (high = the cap C): verl's rollout_is_threshold 2 (its lower
+# bound 1/2 for the mask mode), IcePop's [0.5, 5]
+CORRECTION_DEFAULTS = {"tis": (0.0, 2.0), "mis": (0.5, 2.0), "icepop": (0.5, 5.0)}
 PROMPT_SETS = ("easy", "medium", "hard", "mixed")  # or "run:<run_id>": the prompts of a stored run
 HELDOUT_SEED = 10_000  # the sample policy's held-out prompts (sample_data.build_policy)
 TRAIN_SEED = 20_000
@@ -67,6 +72,15 @@ class MiniRunConfig:
     overlap: bool = setting(True, "sample the next batch in a second process while this one trains (on a CPU with 2+ "
                              "cores; one step off-policy: the sampler's log-probs are π_old, so the clipped ratio "
                              "corrects the lag, as in PipelineRL and AReaL); off: strictly on-policy")
+    sampler_precision: str = setting("float32", "precision the sampler runs in (the overlapped sampler process, or "
+                                     "the in-process sampling) while the trainer stays float32: bfloat16 makes a real "
+                                     "training-inference mismatch, stored per token", choices=SAMPLER_PRECISIONS)
+    correction: str = setting("none", "importance correction of the mismatch (behaviour: the sampler's log-probs; "
+                              "π_old: the trainer's recomputed ones): tis w = min(r, C), mis / icepop w = r inside "
+                              "[low, C] else 0; none: the plain loss", choices=CORRECTIONS)
+    is_cap: float = setting(0.0, "the correction's C: TIS cap, MIS / ICEPOP upper bound (0: the method's default, "
+                            "TIS and MIS 2, ICEPOP 5)", 0.0, 1e6)
+    is_low: float = setting(0.0, "MIS / ICEPOP lower bound (0: the method's default 0.5)", 0.0, 1.0)
 
     def validate(self) -> None:
         """Raise :class:`TrainConfigError` naming every setting out of range."""
@@ -79,8 +93,19 @@ class MiniRunConfig:
             if importlib.util.find_spec("peft") is None:
                 bad.append("lora needs the peft package (pip install 'rollout-studio[lora]' or pip install peft), "
                                 "which is not installed")
+        low, high = self.correction_band() if self.correction in CORRECTION_DEFAULTS else (0.0, 1.0)
+        if low >= high:
+            bad.append(f"the correction's band is empty: is_low {low:g} must be below is_cap {high:g}")
         if bad:
             raise TrainConfigError("; ".join(bad))
+
+    def correction_band(self) -> tuple[float, float]:
+        """``(low, C)`` of the correction, a method's default where ``is_low`` / ``is_cap`` are 0
+        (:data:`CORRECTION_DEFAULTS`); (0, inf) for none."""
+        if self.correction == "none":
+            return 0.0, float("inf")
+        low, high = CORRECTION_DEFAULTS[self.correction]
+        return (0.0 if self.correction == "tis" else (self.is_low or low)), (self.is_cap or high)
 
     @classmethod
     def from_dict(cls, d: dict) -> MiniRunConfig:

@@ -8,7 +8,13 @@ with the current policy (or takes the batch the overlapped sampler drew,
 (:mod:`studio.signals.advantages`), takes μ optimiser steps on the clipped loss
 (:func:`backends.trainer.policy_loss`) and puts one message per step on a queue: the step's
 rollouts with their per-token statistics, rewards, the advantages actually used and the
-metrics. The owner writes each step in one transaction. Checkpoints (weights, tokenizer,
+metrics. The owner writes each step in one transaction.
+
+Each generation carries both log-probs of its tokens: the sampler's (the behaviour log-probs, in
+the run's ``sampler_precision``, with the sampler's engine) and the trainer's, kept from the
+first forward pass of the step (the weights the step started from, float32); the step's
+``mismatch/*`` and ``is/*`` metrics and the correction's importance weights come from them
+(:mod:`studio.runs.training.correction`). Checkpoints (weights, tokenizer,
 optimiser and the step; :func:`save_checkpoint`) are saved every ``checkpoint_every`` steps
 and at the end; a run resumes from its last one.
 
@@ -24,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
+from studio.runs.training.correction import correction_fn, step_metrics
 from studio.runs.training.reward import RewardFn
 from studio.runs.training.rollouts import agent_metrics, environment, is_agent, step_groups
-from studio.runs.training.sampler import OverlappedSampler
+from studio.runs.training.sampler import OverlappedSampler, copy_weights, engine_label, in_precision
 from studio.signals import advantages as adv_mod
 from studio.workers.processes import exit_with_parent
 
@@ -117,14 +124,16 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     last_ckpt = start_step - 1
     step = start_step
     overlap = cfg.overlap and not cfg.lora and device == "cpu" and (os.cpu_count() or 1) >= 2
-    sampler = None
-    if overlap:
+    sampler, sampling = None, None
+    if not overlap:  # this process samples, in the sampler's precision (a copy of the model when it is not float32)
+        sampling = in_precision(policy, cfg.sampler_precision)
+    else:
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the threads left to models, split with the sampler
         sampler = OverlappedSampler(model, resume_from or policy_path, cfg, [{"text": inputs[p.text]} for p in prompts],
                                    order, start_step, task.spec)
     try:
         with environment(task if sampler is None else None) as env:  # the agent loop's tools (the sampler has its own)
-            step, last_ckpt = _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt,
+            step, last_ckpt = _steps(cfg, start_step, prompts, inputs, order, sampling, model, tok, ref, params, opt,
                                      reward_fn, task, env, pad, device, sampler, queue, stop, ckpt_dir, last_ckpt)
     finally:
         if sampler is not None:
@@ -137,11 +146,13 @@ def _train(cfg_dict, policy_path, reward_spec, prompts_json, task_name, ckpt_dir
     queue.put({"type": "done", "status": "done", "step": step})
 
 
-def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, params, opt, reward_fn, task, env, pad,
+def _steps(cfg, start_step, prompts, inputs, order, sampling, model, tok, ref, params, opt, reward_fn, task, env, pad,
            device, sampler, queue, stop, ckpt_dir, last_ckpt):
     """The training loop; returns (last step, last checkpoint), or (None, …) when stopped. ``inputs``: the
-    text the policy reads for each prompt text; ``env``: an agent task's environment when this process
-    samples (:func:`~studio.runs.training.rollouts.environment`)."""
+    text the policy reads for each prompt text; ``sampling``: the policy this process samples with (None: the
+    overlapped ``sampler`` does; a lower-precision copy of ``model`` is brought up to date each step);
+    ``env``: an agent task's environment when this process samples
+    (:func:`~studio.runs.training.rollouts.environment`)."""
     import torch
 
     from backends.trainer import (
@@ -154,12 +165,19 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         micro_batches,
     )
 
+    correction = correction_fn(cfg)
+    train_engine = f"trainer {engine_label(model)}"
     step = start_step
     for step in range(start_step, cfg.steps + 1):
         t0 = time.perf_counter()
         picked = _picked(prompts, order, step, cfg.prompts_per_step)
         if sampler is None:
-            gens = step_groups(policy, [inputs[p.text] for p in picked], cfg, cfg.seed * 100_003 + step, env)
+            if sampling.model is not model:
+                copy_weights(sampling.model, model.state_dict())
+            gens = step_groups(sampling, [inputs[p.text] for p in picked], cfg, cfg.seed * 100_003 + step, env)
+            engine = engine_label(sampling.model)
+            for g in gens:
+                g.engine = engine
             p_ids = [tok(inputs[picked[g.prompt_index].text])["input_ids"] for g in gens]
             t_sample, lag = time.perf_counter() - t0, 0
         else:  # sampled while the last step trained (sample_s: the sampler's own time, overlapped)
@@ -184,12 +202,12 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         batches = micro_batches(p_ids, c_ids, a, buckets, cfg.loss_type, em if thr is not None else None, lmasks)
         with torch.no_grad():
             for mb, idx in zip(batches, buckets, strict=False):
-                if lag:  # π_old is the policy that sampled: its recorded log-probs (the ratio corrects the lag)
-                    mb.old_logps = torch.zeros(len(idx), mb.entropy_mask.shape[1] if mb.entropy_mask is not None
-                                               else max(1, max(map(len, mb.completion_ids))), device=device)
-                    for r, i in enumerate(idx):
-                        mb.old_logps[r, :gens[i].n_tokens] = torch.from_numpy(gens[i].logprobs)
-                elif cfg.iterations > 1:  # on-policy: π_old is this policy before the updates
+                mb.behaviour_logps = torch.zeros(len(idx), max(1, max(map(len, mb.completion_ids))), device=device)
+                for r, i in enumerate(idx):  # the sampler's log-probs (NaN on tool tokens: never read)
+                    mb.behaviour_logps[r, :gens[i].n_tokens] = torch.from_numpy(gens[i].logprobs)
+                if lag and correction is None:  # π_old is the policy that sampled (the clipped ratio corrects the lag)
+                    mb.old_logps = mb.behaviour_logps
+                elif cfg.iterations > 1:  # π_old is this policy before the updates (decoupled: the proximal policy)
                     mb.old_logps = completion_logps(model, mb.prompt_ids, mb.completion_ids, pad)[0]
                 # else: one update on-policy, π_old is the forward pass itself, detached (as TRL)
                 # (a tool token's recorded log-prob is NaN: the loss never reads it, see policy_loss)
@@ -198,7 +216,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         stats_all, gnorm = [], 0.0
         for _ in range(cfg.iterations):
             opt.zero_grad(set_to_none=True)
-            loss, stats = backward(model, batches, pad, eps_low=cfg.clip_eps, beta=cfg.kl_beta,
+            loss, stats = backward(model, batches, pad, correction=correction, eps_low=cfg.clip_eps, beta=cfg.kl_beta,
                                    loss_type=cfg.loss_type, max_completion_length=cfg.max_new_tokens)
             gnorm = grad_norm(model)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -206,6 +224,9 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
             stats_all.append(stats | {"loss": loss})
         if sampler is not None:
             sampler.publish(model, step)
+        for mb, idx in zip(batches, buckets, strict=False):  # the trainer's log-probs at the step's start weights
+            for r, i in enumerate(idx):
+                gens[i].train_logprobs = mb.train_logps[r, :gens[i].n_tokens].cpu().numpy()
         own = np.concatenate([g.entropies[g.mask] for g in gens])  # the policy's tokens (tool tokens: NaN)
         equal = adv_mod.all_equal_groups(np.nan_to_num(total), groups)
         comps = sorted({k for r in rewards for k in r})
@@ -219,7 +240,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
             "all_equal_share": len(equal) / max(1, len(set(groups.tolist()))),
             "entropy_threshold": float("nan") if thr is None else thr,
             "sample_s": t_sample, "staleness": float(lag), "step_s": time.perf_counter() - t0,
-        }
+        } | step_metrics([g.train_logprobs for g in gens], [g.logprobs for g in gens], lmasks, cfg)
         for c in comps:
             if c != "total":
                 vals = np.array([np.nan if r.get(c) is None else r[c] for r in rewards], dtype=np.float64)
@@ -232,7 +253,7 @@ def _steps(cfg, start_step, prompts, inputs, order, policy, model, tok, ref, par
         out = StepOutput(step=step, generations=gens, prompt_index=[g.prompt_index for g in gens],
                          prompts=[p.text for p in picked], rewards=rewards, advantages=adv.tolist(),
                          token_weights=[float(x) * m * lm for x, m, lm in zip(adv, emasks, lmasks, strict=True)],
-                         metrics=metrics, reward_errors=reward_errors)
+                         metrics=metrics, reward_errors=reward_errors, train_engine=train_engine)
         queue.put({"type": "step", "output": out, "step_rewards": step_rewards,
                    "prompts_gold": [p.gold for p in picked]})
         stopping = stop.is_set()

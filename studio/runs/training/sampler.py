@@ -5,6 +5,10 @@ Weights pass through two shared-memory buffers (one per parity of the step that 
 so batch ``b`` is always sampled with the weights after step ``b - 2`` whatever the timing:
 one step off-policy, which the clipped ratio corrects (the sampler's log-probs are π_old), as
 in PipelineRL and AReaL. The sampler's death reads as end-of-file on the pipe, never a hang.
+
+The sampler runs in the run's ``sampler_precision`` (:func:`in_precision`; the trainer stays
+float32) and names itself on every generation (:func:`engine_label`: the behaviour log-probs'
+engine, ``rollouts.engine``).
 """
 from __future__ import annotations
 
@@ -17,6 +21,37 @@ from studio.runs.training.config import MiniRunConfig
 from studio.runs.training.rollouts import environment, step_groups
 from studio.tasks import get_task
 from studio.workers.processes import exit_with_parent, ignore_interrupts, quiet_models
+
+
+def engine_label(model) -> str:
+    """What runs ``model``, as ``rollouts.engine`` names it: ``torch 2.13.0 cpu bfloat16``."""
+    import torch
+
+    p = next(model.parameters())
+    return f"torch {torch.__version__} {p.device.type} {str(p.dtype).removeprefix('torch.')}"
+
+
+def in_precision(policy, precision: str):
+    """``policy`` itself in float32, else a copy whose model runs in ``precision`` (the tokenizer shared):
+    the sampler of a run with ``sampler_precision`` bfloat16. :func:`copy_weights` keeps it current."""
+    import copy
+
+    import torch
+
+    if precision == "float32":
+        return policy
+    low = copy.copy(policy)
+    low.model = copy.deepcopy(policy.model).to(getattr(torch, precision)).eval()
+    return low
+
+
+def copy_weights(dst, src_state: dict) -> None:
+    """Copy the weights of ``src_state`` (a state dict) into model ``dst``, cast to its precision."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in dst.state_dict().items():
+            t.copy_(src_state[name])
 
 
 def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, prompts_json: list[dict],
@@ -40,7 +75,8 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
         torch.set_num_threads(max(1, cpu_threads() // 2))  # the trainer has the other half
         cfg = MiniRunConfig.from_dict(cfg_dict)
         with environment(get_task(task_spec)) as env:
-            _sample(load_policy(folder), env, cfg, buffers, published, prompts_json, order, first, out, stop)
+            policy = in_precision(load_policy(folder), cfg.sampler_precision)
+            _sample(policy, env, cfg, buffers, published, prompts_json, order, first, out, stop)
     except (BrokenPipeError, EOFError):  # the trainer is gone
         return
     except BaseException as exc:  # the trainer reports it as the run's error
@@ -52,9 +88,8 @@ def sampler_worker(folder: str, buffers: list[dict], published, cfg_dict: dict, 
 
 def _sample(policy, env, cfg: MiniRunConfig, buffers, published, prompts_json, order, first, out, stop) -> None:
     """The sampler's loop (see :func:`sampler_worker`); returns when the run's steps are sampled or ``stop`` is set."""
-    import torch
-
     tok, model = policy.tokenizer, policy.model
+    engine = engine_label(model)
     texts = [p["text"] for p in prompts_json]
     for b in range(first, cfg.steps + 1):
         v = max(first - 1, b - 2)
@@ -64,12 +99,12 @@ def _sample(policy, env, cfg: MiniRunConfig, buffers, published, prompts_json, o
             time.sleep(0.001)
         if stop.is_set():
             return
-        with torch.no_grad():
-            for name, t in model.state_dict().items():
-                t.copy_(buffers[v % 2][name])
+        copy_weights(model, buffers[v % 2])
         t0 = time.perf_counter()
         picked = [texts[int(i)] for i in order[(b - 1) * cfg.prompts_per_step:b * cfg.prompts_per_step]]
         gens = step_groups(policy, picked, cfg, cfg.seed * 100_003 + b, env)
+        for g in gens:
+            g.engine = engine
         p_ids = [tok(picked[g.prompt_index])["input_ids"] for g in gens]
         if stop.is_set():
             return
