@@ -9,7 +9,10 @@ on GSM8K-shaped word problems (``WORDPROBLEMS_DIR``: ``gsm8k/`` and ``math/`` co
 The agent world: ``AGENT_POLICY_DIR`` (a tiny Qwen2 that calls a calculator tool in
 ``<tool_call>`` blocks; ``python -m sample_data.build_agent_policy``) on the built-in task
 ``calculator_agent``, and its trajectories ``AGENT_ROLLOUTS_DIR``
-(``python -m sample_data.make_agent_rollouts``). A new store is seeded with all three (``SEED_DIRS``).
+(``python -m sample_data.make_agent_rollouts``). The mismatch world: two short mini-runs of ``POLICY_DIR``
+with a bfloat16 sampler, without and with TIS, both log-probs of every token and the runs' metrics
+(``MISMATCH_RUNS_DIR``, ``python -m sample_data.make_mismatch_runs``). A new store is seeded with all
+four (``SEED_DIRS``).
 
 ``POLICY_DIR`` is a transformers folder (``save_pretrained``) rebuilt by
 ``python -m sample_data.build_policy``; ``EARLY_POLICY_DIR`` is the same training run
@@ -32,4 +35,5 @@ WORDPROBLEMS_TASK = "wordproblems"
 CHAT_ROLLOUTS_DIR = HERE / "chat_rollouts"
 AGENT_POLICY_DIR = HERE / "agent_policy"  # python -m sample_data.build_agent_policy
 AGENT_ROLLOUTS_DIR = HERE / "agent_rollouts"  # python -m sample_data.make_agent_rollouts
-SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR, AGENT_ROLLOUTS_DIR)
+MISMATCH_RUNS_DIR = HERE / "mismatch_runs"  # python -m sample_data.make_mismatch_runs
+SEED_DIRS = (ROLLOUTS_DIR, CHAT_ROLLOUTS_DIR, AGENT_ROLLOUTS_DIR, MISMATCH_RUNS_DIR)

@@ -5,7 +5,8 @@ opens that step's rollouts), and two policies evaluated side by side on held-out
 The task picker lists the built-in tasks (arithmetic, the agent world's ``calculator_agent``)
 and the store's prompt sets; the prompt set picker offers the task's own sets (easy / medium /
 hard / mixed draws of a built-in task, a stored prompt set's splits) and the prompts of any
-stored run (``run:<id>``). A run starts on the picked task, and the evaluation runs on its
+stored run (``run:<id>``). Two runs are compared side by side below
+(:class:`widgets.minirun_compare.RunComparison`: e.g. without and with a mismatch correction). A run starts on the picked task, and the evaluation runs on its
 held-out prompts (a stored prompt set's test split). Picking an agent task sets the form to its
 own defaults (the sample agent policy, its budgets); an agent run adds a row of curves: turns,
 tool calls and failed tool calls per trajectory.
@@ -41,71 +42,16 @@ from .base.lazy import LazyView
 from .base.plots import holoviews, plot_opts, step_ticks
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
+from .minirun_compare import LABELS, PALETTE, RUN_CSS, RunComparison, legend_html, summary_html
 
-LABELS = {"reward_mean": "reward (mean)", "accuracy": "accuracy", "entropy": "entropy (nats/token)",
-          "kl": "KL to reference", "clip_frac": "clipped share", "completion_len": "completion length",
-          "all_equal_share": "all-equal groups", "grad_norm": "grad norm", "step_s": "seconds per step",
-          "agent/turns": "turns per trajectory", "agent/tool_calls": "tool calls per trajectory",
-          "agent/tool_errors": "failed tool calls per trajectory"}
-RUN_CSS = """
-table.diff { border-collapse:collapse; width:100%; font-size:12px; font-variant-numeric:tabular-nums; }
-table.diff th { text-align:left; color:#868e96; font-weight:600; font-size:11px; padding:2px 6px; }
-table.diff td { padding:2px 6px; border-top:1px solid #f1f3f5; white-space:nowrap; }
-table.diff td.run { font-weight:600; }
-.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:-1px; }
-.delta { color:#868e96; font-size:11px; }
-.muted { color:#868e96; font-weight:400; }
-.scroll-x { overflow-x:auto; max-width:100%; }
-"""
-SHORT = {"reward_mean": "reward", "entropy": "entropy", "kl": "KL", "completion_len": "length",
-         "all_equal_share": "all-equal", "step_s": "s / step", "agent/turns": "turns",
-         "agent/tool_calls": "tool calls", "agent/tool_errors": "tool fails"}
 AGENT_EVAL = ("turns", "tool_calls", "tool_errors")  # an agent task's evaluation adds them, per trajectory
 PLOT_H = 180  # one curve's height; the curves pane grows by a row of three
-PALETTE = ("#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#5f3dc4", "#0b7285", "#d9480f", "#495057")
 
 
 def _fmt_s(s: float | None) -> str:
     if s is None:
         return "–"
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
-
-
-def summary_html(df: pd.DataFrame, colors: dict[str, str]) -> str:
-    """The overlaid runs side by side: settings, then each metric's mean over the last steps
-    with its change since the first ones (``minirun.summary``; the swatch is the run's
-    curve colour)."""
-    if df.empty:
-        return ""
-    cols = [m for m in minirun.SUMMARY if df[m].notna().any()]
-    head = "".join(f'<th title="{esc(LABELS.get(m, m))}">{esc(SHORT.get(m, m))}</th>' for m in cols)
-    rows = []
-    for r in df.to_dict("records"):
-        cells = []
-        for m in cols:
-            v, v0 = r[m], r[f"{m}_start"]
-            if v != v:
-                cells.append("<td>–</td>")
-                continue
-            delta = "" if m == "step_s" or v0 != v0 else f' <span class="delta">{v - v0:+.3f}</span>'
-            cells.append(f"<td>{v:.3f}{delta}</td>")
-        sw = f'<span class="swatch" style="background:{colors.get(r["run_id"], "#868e96")}"></span>'
-        rows.append(f'<tr class="summary-row"><td class="run">{sw}{esc(r["name"])} <span class="muted">· '
-                    f'{esc(r["run_id"][-6:])}</span></td><td>{esc(r["status"])}</td><td>{r["steps"]}/{r["total"]}</td>'
-                    f'<td>{esc(r["estimator"] or "–")}</td><td>{r["learning_rate"] or 0:g}</td>'
-                    f'<td class="muted">{esc((r["reward"] or "–")[:28])}</td>{"".join(cells)}</tr>')
-    return ('<div class="meta-line"><b>runs side by side</b><span>each metric: mean of the last 5 steps (of the '
-            'last half in shorter runs), and its change since the first ones</span></div>'
-            # wider than the tab with many metrics: it scrolls sideways in its box, the page does not
-            '<div class="scroll-x"><table class="diff summary-table"><tr><th>run</th><th>status</th>'
-            f'<th>steps</th><th>estimator</th><th>lr</th><th>reward</th>{head}</tr>{"".join(rows)}</table></div>')
-
-
-def legend_html(runs: list[tuple[str, str, str]]) -> str:
-    """The overlaid runs' colours, named once above their curves (``runs``: name, run id, colour)."""
-    items = "".join(f'<span><span class="swatch" style="background:{color}"></span>{esc(name)} '
-                    f'<span class="muted">· {esc(rid[-6:])}</span></span>' for name, rid, color in runs)
-    return f'<div class="meta-line run-legend">{items}</div>'
 
 
 class MiniRunPanel(LazyView):
@@ -171,7 +117,8 @@ class MiniRunPanel(LazyView):
         grid = [self._inputs[n] for n in ("estimator", "group_size", "prompts_per_step", "steps", "learning_rate",
                                           "clip_eps", "kl_beta", "entropy_q", "temperature", "max_new_tokens",
                                           "max_turns", "iterations", "loss_type", "n_prompts", "seed",
-                                          "checkpoint_every", "lora_r")]
+                                          "checkpoint_every", "lora_r", "sampler_precision", "correction",
+                                          "is_cap", "is_low")]
         form = pn.Column(
             self._inputs["policy"], pn.Row(self._task, self._inputs["prompt_set"]), self._inputs["lora"],
             self._inputs["rule_version"],
@@ -188,11 +135,13 @@ class MiniRunPanel(LazyView):
             pn.FlexBox(self._eval_a, self._eval_b, pn.Column(pn.Spacer(height=18), self._eval_go, margin=0),
                        flex_wrap="wrap", align_items="flex-start", sizing_mode="stretch_width"), self._eval_out,
             sizing_mode="stretch_width")
+        self._compare = RunComparison(state=self.state, can_run=can_run)
+        self.param.watch(lambda e: setattr(self._compare, "shown", e.new), "shown")
         self._layout = pn.Row(
             form,
             pn.Column(watch, self._status, self._progress, self._legend, self._curves, self._table,
                       pn.Row(self._jump_step, pn.Column(pn.Spacer(height=18), self._jump)), evaluation,
-                      sizing_mode="stretch_width"),
+                      self._compare, sizing_mode="stretch_width"),
             sizing_mode="stretch_width", css_classes=["minirun-panel"])
         self._sync_choices()
         self._cb = None
@@ -276,6 +225,7 @@ class MiniRunPanel(LazyView):
             keep = [c for c in self.compared if c in labels]
             if keep != list(self.compared):
                 self.compared = keep
+        self._compare.sync(self._run_ids)
 
     def _heldout(self, splits: dict[str, int]) -> str:
         """The split a stored prompt set is evaluated on (``heldout_split``'s choice), as a label."""
@@ -450,6 +400,7 @@ class MiniRunPanel(LazyView):
         tap = hv.streams.Tap(source=plots[0], x=None)
         tap.add_subscriber(lambda x, y: self.open_step(watched, int(round(x))) if x is not None and x >= 1 else None)
         self._curves.object = layout
+        self._compare.refresh()  # a live run's new step on the comparison's curves too
 
     def __panel__(self):
         return self._layout

@@ -238,7 +238,8 @@ VIEWS = frozenset({"tokens"})
 TOKEN_ROWS = "token_rows"
 
 # Tables that the sample Parquet files seed, in load order.
-SEEDED = ("tasks", "runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards", "turns", "turn_rewards")
+SEEDED = ("tasks", "runs", "prompts", "rule_versions", "rollouts", "tokens", "rewards", "turns", "turn_rewards",
+          "metrics")  # metrics: a seeded mini-run's curves (sample_data/mismatch_runs)
 
 # what a rollout written without its trajectory counts is: one assistant turn, no tool calls
 SINGLE_TURN = "UPDATE rollouts SET n_turns = 1, n_tool_calls = 0, n_tool_errors = 0 WHERE n_turns IS NULL"

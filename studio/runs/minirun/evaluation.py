@@ -1,12 +1,17 @@
 """Held-out evaluation of a policy, from the owner: :func:`evaluate` submits
-:func:`studio.runs.training.evaluate_job` to the worker pool and awaits it."""
+:func:`studio.runs.training.evaluate_job` to the worker pool and awaits it; :func:`evaluate_run`
+evaluates a mini-run's last checkpoint and stores the figures as its ``heldout/*`` metrics (the
+Mini-runs tab's comparison shows them side by side)."""
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pandas as pd
+
 from studio import workers
 from studio.queries.prompts import draw_prompts
+from studio.runs.minirun.reads import last_checkpoint
 from studio.runs.training import (
     MiniRunConfig,
     TrainConfigError,
@@ -41,3 +46,29 @@ async def evaluate(policy_path: str | Path, n_prompts: int = 200, k: int = 4, ta
     fut = workers.pool().submit(evaluate_job, str(resolve_policy(policy_path)), [p.to_json() for p in held],
                                 the_task.spec, k, max_new_tokens, seed, max_turns)
     return await asyncio.wrap_future(fut)
+
+
+HELDOUT = "heldout/"  # the metrics' prefix: heldout/accuracy, heldout/pass@4, … at the step of the evaluated checkpoint
+
+
+def heldout_metrics(run_id: str, step: int, result: dict) -> pd.DataFrame:
+    """An evaluation's figures (:func:`~studio.runs.training.evaluate_job`'s dict) as metric rows of ``run_id``
+    at ``step``: ``heldout/<figure>``."""
+    return pd.DataFrame([{"run_id": run_id, "train_step": int(step), "name": f"{HELDOUT}{k}", "value": float(v)}
+                         for k, v in result.items()])
+
+
+async def evaluate_run(store: Store, run_id: str, n_prompts: int = 200) -> dict:
+    """Evaluate a mini-run's last checkpoint on the held-out prompts of its task (:func:`evaluate`) and
+    store the figures as its ``heldout/*`` metrics at that step; returns them. Raises
+    :class:`TrainConfigError` when the run has no checkpoint on disk."""
+    last = last_checkpoint(store, run_id)
+    if last is None:
+        raise TrainConfigError(f"run {run_id!r} has no checkpoint on disk to evaluate")
+    task = store.scalar("SELECT task FROM runs WHERE run_id = ?", [run_id]) or "arithmetic"
+    result = await evaluate(last[1], n_prompts=n_prompts, task=task, store=store)
+    with store.transaction() as cur:  # a later evaluation of the same step replaces the earlier one
+        cur.execute("DELETE FROM metrics WHERE run_id = ? AND train_step = ? AND starts_with(name, ?)",
+                    [run_id, last[0], HELDOUT])
+        store.write({"metrics": heldout_metrics(run_id, last[0], result)}, cur=cur)
+    return result

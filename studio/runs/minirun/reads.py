@@ -21,11 +21,21 @@ CURVES = ("reward_mean", "accuracy", "entropy", "kl", "clip_frac", "completion_l
 
 
 def metrics(store: Store, run_ids: list[str]) -> pd.DataFrame:
-    """Long metrics of runs: ``run_id, name (run name), train_step, metric, value``."""
+    """Long metrics of runs: ``run_id, name (run name), train_step, metric, value`` (held-out evaluations apart)."""
     return store.df("""SELECT m.run_id, r.name AS run, m.train_step, m.name AS metric, m.value
                        FROM metrics m JOIN runs r USING (run_id)
-                       WHERE list_contains(?, m.run_id) AND m.name <> 'checkpoint' ORDER BY m.run_id, m.train_step""",
+                       WHERE list_contains(?, m.run_id) AND m.name <> 'checkpoint' AND NOT starts_with(m.name, 'heldout/')
+                       ORDER BY m.run_id, m.train_step""",
                     [run_ids])
+
+
+def heldout(store: Store, run_ids: list[str]) -> pd.DataFrame:
+    """Each run's newest held-out evaluation (``heldout/*`` metrics, :func:`~studio.runs.minirun.evaluate_run`):
+    ``run_id, train_step (the evaluated checkpoint), figure, value``."""
+    return store.df("""SELECT run_id, train_step, substr(name, 9) AS figure, value FROM metrics
+                       WHERE list_contains(?, run_id) AND starts_with(name, 'heldout/')
+                       QUALIFY train_step = max(train_step) OVER (PARTITION BY run_id)
+                       ORDER BY run_id, figure""", [run_ids])
 
 
 SUMMARY = ("reward_mean", "accuracy", "entropy", "kl", "completion_len", "all_equal_share", "step_s", *AGENT_METRICS)
