@@ -33,8 +33,8 @@ def test_open_without_a_path_is_the_embedded_default(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLOUT_STUDIO_DB", str(tmp_path / "default.duckdb"))
     with studio.open() as st:
         assert st.store.path == str(tmp_path / "default.duckdb")
-        assert st.store.counts()["rollouts"] == 512 + 384 + 320  # seeded with the three sample worlds
-        assert "1,216 rollouts" in repr(st)
+        assert st.store.counts()["rollouts"] == 512 + 384 + 320 + 512  # seeded with the four sample worlds
+        assert "1,728 rollouts" in repr(st)
         assert WORDPROBLEMS_TASK in set(st.tasks()["name"])  # the realistic world's prompt set, known to the process
 
 

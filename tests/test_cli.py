@@ -145,7 +145,7 @@ def test_serve_refuses_an_exposed_address_without_auth(tmp_path):
 def test_serve_check_builds_the_page_on_the_embedded_default(tmp_path):
     out = cli("serve", "--check", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ok:") and "1216 rollouts" in out.stdout  # the three sample worlds
+    assert out.stdout.startswith("ok:") and "1728 rollouts" in out.stdout  # the four sample worlds
     assert (tmp_path / "default.duckdb").exists()
 
 

@@ -134,3 +134,31 @@ def test_a_bfloat16_sampler_stores_both_log_probs_and_the_tis_metrics_match_them
         assert m.at[step, "mismatch/k3"] == pytest.approx((r - 1 - dd).mean(), rel=1e-3, abs=1e-7)
         assert m.at[step, "mismatch/abs_delta_max"] == pytest.approx(np.abs(dd).max(), abs=1e-5)
     assert m["is/clipped_share"].sum() > 0  # the cap acted (the stale steps' tokens leave 1.02 most)
+
+
+# ---------------------------------------------------------------------------- the seeded world
+
+def test_the_seeded_mismatch_world_loads_with_both_log_probs_metrics_and_held_out_results():
+    from sample_data import MISMATCH_RUNS_DIR, SEED_DIRS
+
+    assert MISMATCH_RUNS_DIR in SEED_DIRS  # a new served store has it
+    assert sum(p.stat().st_size for p in MISMATCH_RUNS_DIR.iterdir()) < 2 * 2**20
+    s = Store.open(":memory:", seed_dir=SEED_DIRS)
+    try:
+        runs = minirun.miniruns(s)
+        assert sorted(runs["name"]) == ["bf16 sampler · TIS, C = 2", "bf16 sampler · no correction"]
+        assert set(runs["steps"]) == {8} and set(runs["status"]) == {"done"}
+        ro = s.df("""SELECT run_id, train_step, engine, train_engine, count(*) AS n FROM rollouts
+                     WHERE run_id IN (SELECT run_id FROM runs WHERE kind = 'minirun') GROUP BY ALL""")
+        assert len(ro) == 16 and ro["engine"].str.endswith("cpu bfloat16").all()
+        assert ro["train_engine"].str.endswith("cpu float32").all()
+        d = s.df("""SELECT t.train_logprob - t.logprob AS d FROM tokens t JOIN rollouts ro USING (rollout_id)
+                    JOIN runs r USING (run_id) WHERE r.kind = 'minirun'""")["d"]
+        assert d.notna().all() and 0 < d.abs().mean() < 0.05
+        m = minirun.metrics(s, runs["run_id"].tolist())
+        assert (m[m["metric"] == "mismatch/k3"].groupby("run_id").size() == 8).all()
+        assert len(m[m["metric"] == "is/clipped_share"]) == 8  # only the TIS run has the correction's metrics
+        held = minirun.heldout(s, runs["run_id"].tolist())
+        assert set(held[held["figure"] == "accuracy"]["run_id"]) == set(runs["run_id"])
+    finally:
+        s.close()
