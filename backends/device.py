@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
+"""How a policy's weights are loaded: ``auto`` is float32 on a CPU, the checkpoint's own dtype elsewhere
+(here, not in ``backends.policy``, so settings can name them without importing torch)."""
+
 
 def pick_device() -> str:
     """The best available device; ``ROLLOUT_STUDIO_DEVICE`` overrides the choice."""

@@ -10,6 +10,11 @@ top-p), whatever the sampling temperature: that is the distribution training opt
 - ``logprob``: log pi(y_t | ctx) of the token actually generated.
 - ``entropy``: H_t = -sum_v pi(v|ctx) log pi(v|ctx) over the full vocabulary (nats).
 - ``topk_ids`` / ``topk_logprobs``: the k most likely tokens under pi and their logprobs.
+- ``ranks`` (scoring only): each given token's rank under pi, 1 = its argmax.
+
+A policy is loaded in a chosen precision (:data:`PRECISIONS`); every generation carries the
+``engine`` that computed it (``torch <version> <device> <dtype>``), the statistics are always
+computed from float32 logits of that forward pass.
 """
 from __future__ import annotations
 
@@ -19,8 +24,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .device import pick_device, tune_attention
+from .device import PRECISIONS, pick_device, tune_attention
 from .types import Generation, PolicyLoadError, check_policy_folder, is_policy_url
+
+
+def loaded_dtype(path: str | Path, device: str, precision: str = "auto") -> str:
+    """The dtype name a policy folder is loaded in on ``device`` at ``precision`` (``auto``:
+    float32 on CPU, else the ``dtype`` / ``torch_dtype`` of its config.json, float32 when absent)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision != "auto":
+        return precision
+    if device == "cpu":
+        return "float32"
+    import json
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    name = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in PRECISIONS else "float32"
 
 
 @functools.cache
@@ -361,7 +385,8 @@ def score_batch(model, tokenizer, prompts: list[str], completions: list[str | li
             tkl, tki = logp.topk(k, -1)  # [B, C, k]
             tgt = ids[:, -C:]
             lp = logp.gather(-1, tgt[..., None]).squeeze(-1)  # [B, C]
-            lp, ent, tki, tkl = (x.cpu().numpy() for x in (lp, ent, tki, tkl))
+            rank = (logp > lp[..., None]).sum(-1) + 1  # [B, C]: 1 + how many tokens are more likely
+            lp, ent, tki, tkl, rank = (x.cpu().numpy() for x in (lp, ent, tki, tkl, rank))
         texts = token_texts(tokenizer, c_ids)
         for b, c in enumerate(c_ids):
             n = len(c)
@@ -375,15 +400,17 @@ def score_batch(model, tokenizer, prompts: list[str], completions: list[str | li
                 entropies=np.zeros(0, np.float32) if empty else ent[b, sl].astype(np.float32),
                 topk_ids=np.zeros((0, k), np.int64) if empty else tki[b, sl].astype(np.int64),
                 topk_logprobs=np.zeros((0, k), np.float32) if empty else tkl[b, sl].astype(np.float32),
+                ranks=np.zeros(0, np.int64) if empty else rank[b, sl].astype(np.int64),
                 finish_reason="stop" if c and c[-1] in stop else "length",
             ))
     return out
 
 
 class Policy:
-    """A loaded causal LM and its tokenizer, on the device picked for this process."""
+    """A loaded causal LM and its tokenizer, on the device picked for this process, in a
+    precision of :data:`PRECISIONS`."""
 
-    def __init__(self, path: str | Path, device: str | None = None):
+    def __init__(self, path: str | Path, device: str | None = None, precision: str = "auto"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.path = Path(path).expanduser().resolve()
@@ -392,7 +419,8 @@ class Policy:
         tune_attention(self.device)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-            dtype = torch.float32 if self.device == "cpu" else "auto"
+            self.precision = loaded_dtype(self.path, self.device, precision)
+            dtype = getattr(torch, self.precision)
             self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
         except Exception as exc:  # transformers raises many kinds; the user needs one message
             raise PolicyLoadError(f"could not load the policy in {str(self.path)!r}: {exc}") from exc
@@ -404,46 +432,59 @@ class Policy:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def engine(self) -> str:
+        """What computes this policy's statistics: ``torch <version> <device> <dtype>``."""
+        return f"torch {torch.__version__.split('+')[0]} {self.device} {self.precision}"
+
+    def _stamped(self, gens: list[Generation]) -> list[Generation]:
+        for g in gens:
+            g.engine = self.engine
+        return gens
+
     def sample(self, prompts: list[str], **kwargs) -> list[Generation]:
         """See :func:`sample_batch`."""
-        return sample_batch(self.model, self.tokenizer, prompts, **kwargs)
+        return self._stamped(sample_batch(self.model, self.tokenizer, prompts, **kwargs))
 
     def branch(self, prompt: str, prefix_ids: list[int], choices: list[int | None], **kwargs) -> list[Generation]:
         """See :func:`branch_batch`."""
-        return branch_batch(self.model, self.tokenizer, prompt, prefix_ids, choices, **kwargs)
+        return self._stamped(branch_batch(self.model, self.tokenizer, prompt, prefix_ids, choices, **kwargs))
 
     def sample_agent(self, prompts: list[str], env, **kwargs) -> list[Generation]:
         """See ``backends.agent.sample_agent``: agent trajectories, tools answered by ``env``."""
         from .agent import sample_agent
 
-        return sample_agent(self.model, self.tokenizer, prompts, env, **kwargs)
+        return self._stamped(sample_agent(self.model, self.tokenizer, prompts, env, **kwargs))
 
     def branch_agent(self, prompt: str, prefix_ids: list[int], prefix_mask: list[bool] | None, prefix_turns,
                      choices: list[int | None], env, **kwargs) -> list[Generation]:
         """See ``backends.agent.branch_agent``: continue an agent trajectory from a fork."""
         from .agent import branch_agent
 
-        return branch_agent(self.model, self.tokenizer, prompt, prefix_ids, prefix_mask, prefix_turns, choices, env,
-                            **kwargs)
+        return self._stamped(branch_agent(self.model, self.tokenizer, prompt, prefix_ids, prefix_mask, prefix_turns,
+                                          choices, env, **kwargs))
 
     def score(self, prompts: list[str], completions: list[str | list[int]], **kwargs) -> list[Generation]:
         """See :func:`score_batch`."""
-        return score_batch(self.model, self.tokenizer, prompts, completions, **kwargs)
+        return self._stamped(score_batch(self.model, self.tokenizer, prompts, completions, **kwargs))
 
 
 @functools.lru_cache(maxsize=4)
-def _cached(path: str, device: str | None) -> Policy:
-    return Policy(path, device)
+def _cached(path: str, device: str | None, precision: str) -> Policy:
+    return Policy(path, device, precision)
 
 
-def load_policy(path: str | Path, device: str | None = None) -> Policy:
-    """Load a policy folder once per process (later calls return the same object).
+def load_policy(path: str | Path, device: str | None = None, precision: str = "auto") -> Policy:
+    """Load a policy folder once per process and precision (later calls return the same object).
 
     A URL (``http://gpu-box:8000``) gives a ``backends.remote.RemotePolicy`` instead: the
-    same interface, served by a backend elsewhere (``device`` is the server's business).
+    same interface, served by a backend elsewhere (``device`` and ``precision`` are the
+    server's business).
     """
     if is_policy_url(path):
         from .remote import load_remote
 
         return load_remote(str(path))
-    return _cached(str(Path(path).expanduser().resolve()), device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return _cached(str(Path(path).expanduser().resolve()), device, precision)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backends import PolicyLoadError
+from backends.device import PRECISIONS
 from studio import workers
 from studio.configs import problems, setting
 from studio.errors import StudioError
@@ -46,6 +47,8 @@ class GenerateConfig:
     top_k_stats: int = setting(5, "most likely alternatives recorded per token (shown in the hover card)", 1, 20)
     max_turns: int = setting(8, "tasks with tools: tool calls a trajectory may make (a call past them ends it, "
                                 "'turns'); tool responses count in max_new_tokens", 0, 64)
+    precision: str = setting("auto", "dtype the policy's weights are loaded in to sample (auto: float32 on a CPU, "
+                                     "the checkpoint's own on a GPU); a backend samples in its own", choices=PRECISIONS)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming every setting outside its bounds."""

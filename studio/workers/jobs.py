@@ -17,21 +17,29 @@ class TokenizerMismatch(StudioError, ValueError):
     """A policy's tokenizer does not read a stored rollout's token ids as the rollout's text."""
 
 
-def policy_version(path: str) -> str:
-    """``<folder>@<hash of its weights>`` (see ``backends.types.weights_version``); for a
-    backend URL what the backend says (``backends.remote.BackendInfo.version``:
-    ``<url>#<folder>@<hash>``, or ``<url>#<model>@entropy-est-top20`` from a plain server)."""
+def policy_version(path: str, dtype: str = "float32") -> str:
+    """``<folder>@<hash of its weights>`` (see ``backends.types.weights_version``), with ``~<dtype>``
+    appended when the weights are loaded in another dtype than float32 (``folder@hash~bfloat16``:
+    statistics of two precisions never share a version); for a backend URL what the backend says
+    (``backends.remote.BackendInfo.version``: ``<url>#<folder>@<hash>``, or
+    ``<url>#<model>@entropy-est-top20`` from a plain server)."""
     from backends.types import is_policy_url, weights_version
 
     if is_policy_url(path):
         from backends.remote import load_remote
 
         return load_remote(path).version
-    return weights_version(path)
+    return weights_version(path) + ("" if dtype == "float32" else f"~{dtype}")
+
+
+def _version(policy) -> str:
+    """:func:`policy_version` of a loaded policy (local: in the dtype it was loaded in)."""
+    return policy_version(str(policy.path), getattr(policy, "precision", "float32"))
 
 
 def sample_job(policy_path: str, prompts: list[str | dict], kwargs: dict) -> tuple[list, str, str]:
     """Runs in a worker: sample completions. Returns (generations, policy_version, device).
+    ``kwargs`` are the sampling settings, with ``precision`` the one the policy is loaded in.
 
     A prompt is a text, or a chat (``{"messages", "thinking"}``) rendered with the policy's
     chat template (``backends.chat``); each generation's ``prompt`` is the text sampled from.
@@ -39,9 +47,10 @@ def sample_job(policy_path: str, prompts: list[str | dict], kwargs: dict) -> tup
     from backends import load_policy
     from backends.chat import render_all
 
-    policy = load_policy(policy_path)
+    kwargs = dict(kwargs)
+    policy = load_policy(policy_path, precision=kwargs.pop("precision", "auto"))
     texts = render_all(policy.tokenizer, prompts)
-    return policy.sample(texts, **kwargs), policy_version(str(policy.path)), policy.device
+    return policy.sample(texts, **kwargs), _version(policy), policy.device
 
 
 _SANDBOX = None  # this worker's tool sandbox (studio.workers.tools), started by its first agent job
@@ -66,10 +75,11 @@ def agent_job(policy_path: str, task: dict, prompts: list[str | dict], kwargs: d
     from studio.tasks import get_task
     from studio.workers.agent_env import TaskEnv
 
-    policy = load_policy(policy_path)
+    kwargs = dict(kwargs)
+    policy = load_policy(policy_path, precision=kwargs.pop("precision", "auto"))
     texts = render_all(policy.tokenizer, prompts)
     env = TaskEnv(get_task(task), tool_sandbox())
-    return policy.sample_agent(texts, env, **kwargs), policy_version(str(policy.path)), policy.device
+    return policy.sample_agent(texts, env, **kwargs), _version(policy), policy.device
 
 
 def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], prefix_text: str,
@@ -83,10 +93,11 @@ def branch_job(policy_path: str, prompt: str | dict, prefix_ids: list[int], pref
     from backends import load_policy
     from backends.chat import render
 
-    policy = load_policy(policy_path)
+    kwargs = dict(kwargs)
+    policy = load_policy(policy_path, precision=kwargs.pop("precision", "auto"))
     prompt = render(policy.tokenizer, prompt)  # a chat: through the policy's template, as Generate renders it
     _check_prefix(policy, policy_path, prefix_ids, prefix_text)
-    return policy.branch(prompt, prefix_ids, choices, **kwargs), policy_version(str(policy.path)), policy.device
+    return policy.branch(prompt, prefix_ids, choices, **kwargs), _version(policy), policy.device
 
 
 def agent_branch_job(policy_path: str, task: dict, prompt: str | dict, prefix_ids: list[int], prefix_text: str,
@@ -100,12 +111,13 @@ def agent_branch_job(policy_path: str, task: dict, prompt: str | dict, prefix_id
     from studio.tasks import get_task
     from studio.workers.agent_env import TaskEnv
 
-    policy = load_policy(policy_path)
+    kwargs = dict(kwargs)
+    policy = load_policy(policy_path, precision=kwargs.pop("precision", "auto"))
     prompt = render(policy.tokenizer, prompt)
     _check_prefix(policy, policy_path, prefix_ids, prefix_text)
     env = TaskEnv(get_task(task), tool_sandbox())
     gens = policy.branch_agent(prompt, prefix_ids, prefix_mask, prefix_turns, choices, env, **kwargs)
-    return gens, policy_version(str(policy.path)), policy.device
+    return gens, _version(policy), policy.device
 
 
 def _check_prefix(policy, policy_path: str, prefix_ids: list[int], prefix_text: str) -> None:
@@ -125,12 +137,35 @@ def _rendered(policy, prompts: list[str | dict]) -> list[str]:
     return render_all(policy.tokenizer, prompts)
 
 
-def score_job(policy_path: str, prompts: list[str | dict], completions: list[list[int]]) -> tuple[list, str, str]:
-    """Runs in a worker: teacher-forced statistics of stored completions under a policy."""
+def score_job(policy_path: str, prompts: list[str | dict], completions: list[list[int]], precision: str = "auto",
+              texts: list[list[str]] | None = None) -> tuple[list, str, str]:
+    """Runs in a worker: teacher-forced statistics of stored completions under a policy loaded in
+    ``precision``. With ``texts`` (each completion's stored token texts) a completion whose ids
+    this policy's tokenizer does not read as those texts (another vocabulary) is not scored: its
+    place holds the reason, a string."""
     from backends import load_policy
 
-    policy = load_policy(policy_path)
-    return policy.score(_rendered(policy, prompts), completions), policy_version(str(policy.path)), policy.device
+    policy = load_policy(policy_path, precision=precision)
+    prompts = _rendered(policy, prompts)
+    bad = {i: why for i in range(len(completions)) if texts is not None
+           and (why := _vocab_mismatch(policy, completions[i], texts[i])) is not None}
+    keep = [i for i in range(len(completions)) if i not in bad]
+    scored = iter(policy.score([prompts[i] for i in keep], [completions[i] for i in keep]) if keep else [])
+    out = [bad[i] if i in bad else next(scored) for i in range(len(completions))]
+    return out, _version(policy), policy.device
+
+
+def _vocab_mismatch(policy, ids: list[int], texts: list[str]) -> str | None:
+    """Why ``policy`` cannot score stored tokens (``ids`` read as ``texts``): an id outside its
+    vocabulary, or ids it decodes as another text; None when it reads them as stored."""
+    tok = policy.tokenizer
+    if max(ids, default=0) >= len(tok):
+        return f"token id {max(ids)} is outside its vocabulary of {len(tok)}"
+    stored = "".join(texts)
+    decoded = tok.decode(ids, skip_special_tokens=False)
+    if decoded != stored:
+        return f"it reads the token ids as {decoded[:60]!r}, the rollout's tokens say {stored[:60]!r}"
+    return None
 
 
 def enrich_job(policy_path: str, prompts: list[str | dict], completions: list[str | list[int]],
@@ -167,7 +202,7 @@ def enrich_job(policy_path: str, prompts: list[str | dict], completions: list[st
     keep = [p for i, p in enumerate(prompts) if i not in too_long]
     scored = iter(policy.score(keep, forced) if forced else [])
     out = [too_long[i] if i in too_long else next(scored) for i in range(len(prompts))]
-    return out, policy_version(str(policy.path)), policy.device
+    return out, _version(policy), policy.device
 
 
 def context_length(policy) -> int | None:
@@ -213,7 +248,7 @@ def answer_prob_job(policy_path: str, prompts: list[str | dict], prefixes: list[
     gens = policy.score(prompts, ids, top_k_stats=1, batch_size=batch_size)
     probs = [math.exp(float(g.logprobs[len(g.logprobs) - n:].sum())) if n else 1.0
              for g, n in zip(gens, n_ans, strict=False)]
-    return probs, policy_version(str(policy.path))
+    return probs, _version(policy)
 
 
 def prm_job(folder: str, prompts: list[str], completions: list[str], step_ends: list[list[int]]
