@@ -7,6 +7,7 @@
     rollout-studio export    --out pairs.jsonl | --out r.html --rollout ID   TRL data or static HTML
     rollout-studio curate    build|accept|reject|status …               preference pairs
     rollout-studio enrich    --policy FOLDER [--run ID]                 fill in missing token stats
+    rollout-studio rescore   --policy P [--precision D] (--run ID | --rollout ID…)   recomputed log-probs
     rollout-studio minirun   [--steps N] [--resume RUN_ID] …            retrain the policy (a mini-run)
     rollout-studio backend   --policy PATH [--port N] …                 a policy over HTTP (OpenAI API)
     rollout-studio task      add NAME FILE… [--preset P] | list | show NAME   prompt sets as tasks
@@ -44,6 +45,8 @@ COMMANDS = {
     "export": ("export", "export accepted preference pairs for TRL, or a rollout, group or fork tree as static HTML"),
     "curate": ("curate", "build preference pairs and review them (build, accept, reject, status, export)"),
     "enrich": ("enrich", "fill in token ids, log-probs and entropy of imported rollouts with a policy"),
+    "rescore": ("rescore", "teacher-force stored rollouts through a policy in a chosen precision (recomputed "
+                           "log-probs, for the training-inference mismatch)"),
     "minirun": ("minirun", "retrain the policy with a mini-run and store every step"),
     "backend": ("backend", "serve a policy over HTTP with the OpenAI-compatible completions API"),
     "task": ("task", "bring a prompt set (JSONL, Parquet, CSV, a datasets folder) as a task; list and show tasks"),
