@@ -372,6 +372,21 @@ class Studio(StudioViews):
         self._refresh()
         return rep
 
+    def rescore(self, policy: str | Path, rollouts: Iterable[str] | None = None, run: str | None = None,
+                precision: str = "float32"):
+        """Teacher-force ``rollouts`` (or every rollout of ``run``) through ``policy`` at ``precision``:
+        recomputed log-probs in token_scores, the first ones in tokens.train_logprob
+        (``studio.runs.rescore``). Returns its ``RescoreReport``."""
+        from studio.runs.rescore import rescore_sync
+
+        if (rollouts is None) == (run is None):
+            raise ValueError("rescore needs either rollouts or a run")
+        ids = list(rollouts) if rollouts is not None else self.store.df(
+            "SELECT rollout_id FROM rollouts WHERE run_id = ? ORDER BY rollout_id", [run])["rollout_id"].tolist()
+        rep = rescore_sync(self.store, policy, ids, precision=precision)
+        self._refresh()
+        return rep
+
     def build_pairs(self, run: str | Iterable[str] | None = None, **rule: Any):
         """Make preference pairs with a :class:`studio.curation.rules.PairRule` (its fields as keyword
         arguments), stored as pending for review, as the Preference data tab does."""
