@@ -35,6 +35,7 @@ from studio.ingest.normalise import Batch, _py_int
 from studio.ingest.trajectories import (
     Trajectory,
     as_ids,
+    as_logprobs,
     as_mask,
     as_numbers,
     masked_stats,
@@ -131,8 +132,12 @@ def verl_agent(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decod
     mask = as_mask(rec.get("response_mask"), "response_mask", len(ids), "response_ids")
     lp_name = "response_logprobs" if rec.get("response_logprobs") is not None else "rollout_log_probs"
     lp = rec.get(lp_name)
-    logprobs = as_numbers(lp, lp_name, len(ids), "response_ids") if lp is not None else None
+    logprobs = as_logprobs(lp, lp_name, len(ids), "response_ids") if lp is not None else None
     tok = _tokens(ids, mask, logprobs, decode)
+    old = rec.get("old_log_probs")  # the trainer's recomputed log-probs, where the dump kept the batch's
+    tok["train_logprobs"] = masked_stats(as_logprobs(old, "old_log_probs", len(ids), "response_ids"), mask) \
+        if old is not None else None
+    tok["sources"] = {"logprobs": lp_name, "train_logprobs": "old_log_probs"}
     extra = rec.get("extra_fields") or {}
     if not isinstance(extra, dict):
         raise Bad("'extra_fields' must be an object")
@@ -182,7 +187,7 @@ def trl_tools(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode
     lp = rec.get("logprobs")
     if isinstance(lp, list) and lp and all(isinstance(v, list) for v in lp):  # a top-k list per token: the sampled one
         lp = [v[0] if v else None for v in lp]
-    logprobs = as_numbers(lp, "logprobs", len(ids), "completion_ids") if lp is not None else None
+    logprobs = as_logprobs(lp, "logprobs", len(ids), "completion_ids") if lp is not None else None
     prompt = rec.get("prompt")
     prompt_ids = as_ids(rec.get("prompt_ids"), "prompt_ids")
     comps = _numbers(rec, (*_TRL_KNOWN, m.step, m.group, m.gold))
@@ -191,7 +196,7 @@ def trl_tools(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode
                        _token_prompt(prompt if isinstance(prompt, list) else None, prompt_ids, decode),
                        completion=completion if isinstance(completion, str) else None,
                        total=sum(comps.values()) if comps else None, components=comps,
-                       advantage=number(rec.get("advantage"), "advantage"),
+                       advantage=number(rec.get("advantage"), "advantage"), sources={"logprobs": "logprobs"},
                        **_tokens(ids, mask, logprobs, decode), **_common(rec, m, file_step))]
 
 
@@ -218,7 +223,7 @@ def skyrl_steps(steps: list[dict], m: ColumnMapping, file_step: int | None, deco
         r_ids = as_ids(row.get("response_ids"), "response_ids")
         r_mask = as_mask(row.get("loss_masks"), "loss_masks", len(r_ids), "response_ids")
         lp = row.get("rollout_logprobs")
-        logprobs = logprobs + as_numbers(lp, "rollout_logprobs", len(r_ids), "response_ids") \
+        logprobs = logprobs + as_logprobs(lp, "rollout_logprobs", len(r_ids), "response_ids") \
             if logprobs is not None and lp is not None else None
         r = row.get("rewards")
         if isinstance(r, list):
@@ -249,7 +254,8 @@ def skyrl_steps(steps: list[dict], m: ColumnMapping, file_step: int | None, deco
         common["group"] = _trajectory_id(first["trajectory_ids"])[1]  # the prompt's instance: one GRPO group
     fin = last.get("stop_reasons")
     return Trajectory(prompt=_token_prompt(None, prompt_ids, decode), total=sum(total) if total else None,
-                      turn_rewards=per_turn, finish_reason=fin if isinstance(fin, str) else None, **tok, **common)
+                      turn_rewards=per_turn, sources={"logprobs": "rollout_logprobs"},
+                      finish_reason=fin if isinstance(fin, str) else None, **tok, **common)
 
 
 def skyrl_unfinished(recs: list[tuple[int, Any]]) -> int | None:
@@ -379,7 +385,7 @@ def rllm_trajectory(traj: dict, episode: dict, m: ColumnMapping, file_step: int 
             p_ids, r_ids = as_ids(p_ids, "prompt_ids"), as_ids(r_ids, "response_ids")
             obs = p_ids[len(seen):] if k else []
             lp = step.get("logprobs")
-            logprobs = logprobs + [None] * len(obs) + as_numbers(lp, "logprobs", len(r_ids), "response_ids") \
+            logprobs = logprobs + [None] * len(obs) + as_logprobs(lp, "logprobs", len(r_ids), "response_ids") \
                 if logprobs is not None and lp else None
             o0 = len(ids)
             ids += obs + r_ids
@@ -411,7 +417,7 @@ def rllm_trajectory(traj: dict, episode: dict, m: ColumnMapping, file_step: int 
     return Trajectory(prompt=prompt_of(prompt or [{"role": "user", "content": _task_text(episode, traj)}], None),
                       turns=turns,
                       total=total if total is not None else sum(v for _, v in answers if v is not None),
-                      components=comps, turn_rewards=per_turn,
+                      components=comps, turn_rewards=per_turn, sources={"logprobs": "logprobs"},
                       finish_reason=_TERMINATION.get(reason, reason) if isinstance(reason, str) else None,
                       **tok, **common)
 

@@ -56,7 +56,11 @@ class ColumnMapping:
     finish_reason: str = setting("", "why generation stopped (stop / length)")
     token_texts: str = setting("", "per-token list: the completion's token strings")
     token_ids: str = setting("", "per-token list: the completion's token ids")
-    logprobs: str = setting("", "per-token list: log-probability of each token under the policy")
+    logprobs: str = setting("", "per-token list: the behaviour log-prob of each token, what the sampler reported "
+                                "(verl / OpenRLHF / slime `rollout_log_probs`, SkyRL `rollout_logprobs`, NeMo-RL "
+                                "`generation_logprobs`)")
+    train_logprobs: str = setting("", "per-token list: the log-prob the trainer recomputed for each token (verl "
+                                      "`old_log_probs`, NeMo-RL `prev_logprobs`): the training side of the mismatch")
     ref_logprobs: str = setting("", "per-token list: log-probability of each token under the reference policy")
     entropies: str = setting("", "per-token list: entropy of each next-token distribution (nats)")
     values: str = setting("", "per-token list: a critic's value before each token (stored as value-import@<run id>)")
@@ -85,7 +89,7 @@ FORMAT_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
             # a reward function's extra logs (or a hand-added column) carrying the data set's answer
             "gold": ("answer", "gold", "ground_truth", "solution")},
     "verl": {"prompt": ("input",), "completion": ("output",), "gold": ("gts",), "reward": ("score",),
-             "step": ("step",)},
+             "step": ("step",), "logprobs": ("rollout_log_probs",), "train_logprobs": ("old_log_probs",)},
     "openrlhf": {
         "prompt": ("prompt", "prompts", "query", "input"),
         "completion": ("response", "responses", "output", "completion"),
@@ -96,7 +100,11 @@ FORMAT_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
         "finish_reason": ("finish_reason", "stop_reason"),
         "token_texts": ("response_tokens", "tokens", "token_texts", "output_tokens"),
         "token_ids": ("response_token_ids", "response_ids", "output_ids", "token_ids"),
-        "logprobs": ("logprobs", "action_log_probs", "log_probs", "old_logprobs"),
+        # the behaviour side: the sampler's (OpenRLHF / slime / verl, SkyRL, NeMo-RL), else the one log-prob logged
+        "logprobs": ("rollout_log_probs", "rollout_logprobs", "generation_logprobs", "logprobs", "action_log_probs",
+                     "log_probs", "old_logprobs"),
+        # the training side, recomputed (verl, NeMo-RL; OpenRLHF's action_log_probs beside its rollout_log_probs)
+        "train_logprobs": ("old_log_probs", "prev_logprobs", "action_log_probs"),
         "ref_logprobs": ("ref_logprobs", "base_action_log_probs", "ref_log_probs"),
         "entropies": ("entropies", "entropy"),
         "values": ("values",),
@@ -107,7 +115,8 @@ REQUIRED = {"trl": ("prompt", "completion"), "verl": ("prompt", "completion", "r
             "openrlhf": ("prompt", "completion"), "generic": ("prompt", "completion")}
 TOKEN_FIELDS = {  # mapping field -> (store column, type)
     "token_texts": ("token_text", pa.string()), "token_ids": ("token_id", pa.int32()),
-    "logprobs": ("logprob", pa.float32()), "ref_logprobs": ("ref_logprob", pa.float32()),
+    "logprobs": ("logprob", pa.float32()), "train_logprobs": ("train_logprob", pa.float32()),
+    "ref_logprobs": ("ref_logprob", pa.float32()),
     "entropies": ("entropy", pa.float32()), "values": ("value", pa.float32())}
 _KINDS = {"prompt": {"text", "messages"}, "completion": {"text", "messages"}, "step": {"number"},
           "group": {"text", "number"}, "reward": {"number"}, "advantage": {"number", "list"},
@@ -166,6 +175,9 @@ def resolve(fmt: str, kinds: dict[str, set[str]], user: ColumnMapping | None, fi
             if nm in kinds and (ok is None or kinds[nm] & ok or kinds[nm] <= {"null"}):
                 chosen[fld] = nm
                 break
+    train = chosen.get("train_logprobs")
+    if train == chosen.get("logprobs") or (train == "action_log_probs" and chosen.get("logprobs") != "rollout_log_probs"):
+        chosen.pop("train_logprobs", None)  # one log-prob logged (OpenRLHF without rollout_log_probs): the sampler's
     mapped = set()
     for f in fields(ColumnMapping):
         v = getattr(user, f.name) if user else None

@@ -159,6 +159,8 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
                 elif f.suffix == ".jsonl" and size > start:  # lines appended since: read from there
                     todo.append((f, start, size - start))
             ctx = Ctx(store, cur, run_id, fmt, task, records.now(), cancel)
+            ctx.run_name = (name or _default_name(roots[0])) if new_run else \
+                cur.execute("SELECT name FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]
             ctx.tokens = sink = TokenSink(store, cur, run_id)
             total_bytes, read_bytes = sum(s for *_, s in todo), 0
             if progress:
@@ -176,7 +178,7 @@ def import_run(store: Store, paths: str | Path | list, fmt: str | None = None, *
             finally:
                 reads.close()
             if new_run and (report.n_files or not tail):
-                write_run(ctx, name or _default_name(roots[0]), config)
+                write_run(ctx, ctx.run_name, config)
             elif new_run:
                 report.run_id = None
             if report.run_id is not None and ctx.n_rollouts:

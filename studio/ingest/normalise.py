@@ -64,6 +64,7 @@ class Batch:
     counts: np.ndarray | None = None  # [n, 3] int64: turns, tool calls, failed tool calls
     trained: pa.Array | None = None  # list<bool> per row, as the token lists: the loss mask
     turn_idx: pa.Array | None = None  # list<int32> per row: each token's turn
+    sources: dict[str, str] | None = None  # log-prob field -> the source column it came from (rollouts.engine)
 
     def slice(self, a: int, z: int) -> Batch:
         """Rows ``a:z``."""
@@ -77,7 +78,23 @@ class Batch:
                      {k: s(v) for k, v in self.components.items()}, s(self.advantage), s(self.finish_reason),
                      {k: s(v) for k, v in self.tokens.items()}, part(self.n_tokens),
                      rows(self.gold), s(self.key), rows(self.messages), s(self.prompt_text),
-                     part(self.turns), part(self.turn_rewards), part(self.counts), s(self.trained), s(self.turn_idx))
+                     part(self.turns), part(self.turn_rewards), part(self.counts), s(self.trained), s(self.turn_idx),
+                     self.sources)
+
+
+LOGPROB_FIELDS = ("logprobs", "train_logprobs")  # the behaviour and the recomputed side: checked as log-probs
+MAX_LOGPROB = 1e-4  # a log-prob above this is no log-prob (rounding puts a certain token's a hair over 0)
+
+
+def check_logprobs(values: list, col: str) -> None:
+    """Raise :class:`Bad` naming ``col`` when a log-prob list holds NaN / inf or a positive value (None: masked)."""
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if not math.isfinite(v):
+            raise Bad(f"{col} has {v} at token {i}: a log-prob must be finite")
+        if v > MAX_LOGPROB:
+            raise Bad(f"{col} has {v:g} at token {i}: a log-prob is at most 0")
 
 
 def _dumps(messages: list[dict]) -> str:
@@ -235,6 +252,11 @@ def arrow_batch(t: pa.Table, m: ColumnMapping, file_step: int | None) -> Batch:
         flat = pc.list_flatten(a)
         if fld == "token_ids" and len(flat) and pc.max(pc.abs(flat.cast(pa.int64()))).as_py() > INT32:
             raise Slow
+        if fld in LOGPROB_FIELDS and len(flat) and pa.types.is_floating(flat.type) and not pc.all(
+                pc.and_(pc.is_finite(flat), pc.less_equal(flat, MAX_LOGPROB))).as_py():
+            raise Slow  # NaN / inf / positive: the Python pass names the record
+        if fld in LOGPROB_FIELDS and len(flat) and pa.types.is_integer(flat.type) and pc.max(flat).as_py() > 0:
+            raise Slow
         ln = pc.fill_null(pc.list_value_length(a), -1).to_numpy().astype(np.int64)
         if lengths is None:
             lengths = ln
@@ -265,7 +287,7 @@ def arrow_batch(t: pa.Table, m: ColumnMapping, file_step: int | None) -> Batch:
         components={c: _arrow_number(col[c], n) for c in m.rewards},
         advantage=adv,
         finish_reason=fin.cast(pa.string()) if fin is not None and arrow_kind(fin.type) != "null" else None,
-        tokens=tokens, n_tokens=lengths,
+        tokens=tokens, n_tokens=lengths, sources={f: getattr(m, f) for f in LOGPROB_FIELDS if f in tokens},
         gold=(lambda idx: [None if v is None else json.dumps({"answer": v}, default=str)
                            for v in gold.take(pa.array(idx)).to_pylist()]) if gold is not None else None,
         key=key, messages=messages, prompt_text=templated)
@@ -319,7 +341,11 @@ def _py_list(v: Any, col: str, fld: str) -> list | None:
     else:
         if not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v):
             raise Bad(f"{col!r} must be a list of numbers")
-        v = [None if x is None or _nan(x) else float(x) for x in v]
+        if fld in LOGPROB_FIELDS:
+            v = [None if x is None else float(x) for x in v]
+            check_logprobs(v, col)
+        else:
+            v = [None if x is None or _nan(x) else float(x) for x in v]
     return v
 
 
@@ -390,6 +416,7 @@ def records_batch(recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int 
         advantage=pa.array(cols[6], pa.float64()) if m.advantage else None,
         finish_reason=pa.array(cols[7], pa.string()) if m.finish_reason else None,
         tokens=tokens, n_tokens=np.array(cols[9], np.int64) if tokens else None,
+        sources={f: getattr(m, f) for f in LOGPROB_FIELDS if f in tokens},
         gold=(lambda idx: [gold[i] for i in idx]) if m.gold else None,
         key=pa.array(key, pa.string()) if chat else None,
         messages=(lambda idx: [messages[i] for i in idx]) if chat else None,

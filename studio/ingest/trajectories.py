@@ -28,7 +28,7 @@ import pyarrow as pa
 from backends import Turn
 from studio.ingest.errors import Bad
 from studio.ingest.messages import args_text, turn_counts
-from studio.ingest.normalise import Batch, chat_prompt, text_prompt
+from studio.ingest.normalise import Batch, chat_prompt, check_logprobs, text_prompt
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -50,7 +50,9 @@ class Trajectory:
     advantage: float | None = None
     token_ids: list[int] | None = None
     token_texts: list[str] | None = None
-    logprobs: list[float | None] | None = None  # None on masked tokens
+    logprobs: list[float | None] | None = None  # the behaviour log-probs; None on masked tokens
+    train_logprobs: list[float | None] | None = None  # the trainer's recomputed ones; None on masked tokens
+    sources: dict[str, str] = field(default_factory=dict)  # log-prob field -> its source field (rollouts.engine)
     trained: list[bool] | None = None
 
     @property
@@ -178,6 +180,17 @@ def as_numbers(values: Any, name: str, n: int, of: str) -> list[float | None]:
     return [None if v is None else float(v) for v in values]
 
 
+def as_logprobs(values: Any, name: str, n: int, of: str) -> list[float | None]:
+    """A per-token list of ``n`` log-probs (None kept).
+
+    Raises:
+        Bad: not numbers, another length than the tokens, NaN / inf or a positive value (naming ``name``).
+    """
+    out = as_numbers(values, name, n, of)
+    check_logprobs(out, name)
+    return out
+
+
 def number(v: Any, name: str) -> float | None:
     """A score (None, or a number; a bool is 0/1).
 
@@ -216,6 +229,8 @@ def trajectory_batch(trajs: list[Trajectory]) -> Batch:
             tokens["token_texts"] = pa.array([t.token_texts for t in trajs], pa.list_(pa.string()))
         if any(t.logprobs is not None for t in trajs):
             tokens["logprobs"] = pa.array([t.logprobs for t in trajs], pa.list_(pa.float64()))
+        if any(t.train_logprobs is not None for t in trajs):
+            tokens["train_logprobs"] = pa.array([t.train_logprobs for t in trajs], pa.list_(pa.float64()))
     text, key, messages, templated = zip(*(t.prompt for t in trajs), strict=True)
     chat = any(m is not None for m in messages)
     gold = [t.gold for t in trajs]
@@ -242,6 +257,7 @@ def trajectory_batch(trajs: list[Trajectory]) -> Batch:
         advantage=col([t.advantage for t in trajs], pa.float64()),
         finish_reason=col([t.finish_reason for t in trajs], pa.string()),
         tokens=tokens, n_tokens=n_tok if tokens else None,
+        sources={k: v for t in trajs for k, v in t.sources.items() if k in tokens},
         gold=(lambda idx: [gold[i] for i in idx]) if any(g is not None for g in gold) else None,
         key=pa.array(key, pa.string()) if chat else None,
         messages=(lambda idx: [messages[i] for i in idx]) if chat else None,

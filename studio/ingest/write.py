@@ -68,6 +68,7 @@ class Ctx:
     n_rollouts: int = 0
     n_tokens: int = 0
     tokens: TokenSink | None = None  # where token rows go: the table, or a shard for a large import
+    run_name: str = ""  # the run's name: the training side's policy version is <run name>@step<k>
 
 
 def _components(b: Batch) -> tuple[list[str], list[pa.Array], pa.Array]:
@@ -215,7 +216,7 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
         "created_at": pa.repeat(pa.scalar(ctx.created, pa.timestamp("us")), n),
         "train_advantage": b.advantage if b.advantage is not None else pa.nulls(n, pa.float64()),
         "prompt_text": b.prompt_text if b.prompt_text is not None else pa.nulls(n, pa.string()),
-        **_counts(b)})
+        **_counts(b), **_engines(ctx, b)})
     names, values, total = _components(b)
     checks = [v for c, v in zip(names, values, strict=True) if is_correctness(c)]
     if checks:  # the run's own correctness field: a fact of the rollout (NULL where the field has no value)
@@ -269,6 +270,31 @@ def _write_rows(ctx: Ctx, src: Source, b: Batch, ids, pids, gids, sample_idx) ->
             frames["turn_rewards"] = _turn_reward_table(ids.to_pylist(), b.turn_rewards, vid)
     ctx.store.write(frames, ctx.cur)
     ctx.n_rollouts += n
+
+
+_FORMAT_NAMES = {"verl-agent": "verl", "trl-tools": "trl"}  # the framework an agent format's engine names
+
+
+def _engines(ctx: Ctx, b: Batch) -> dict[str, pa.Array]:
+    """``engine`` (who reported the behaviour log-probs: ``<format> <field>``), ``train_engine`` and
+    ``train_policy_version`` (who recomputed them: ``<format> <field>``, ``<run name>@step<k>``) of every
+    rollout; NULL where its list is missing."""
+    n, src, fmt = b.n, b.sources or {}, _FORMAT_NAMES.get(ctx.fmt, ctx.fmt)
+    null = pa.nulls(n, pa.string())
+
+    def named(fld: str, value: pa.Array | str) -> pa.Array:
+        a = b.tokens.get(fld)
+        if a is None:
+            return null
+        v = pa.array([value] * n, pa.string()) if isinstance(value, str) else value
+        return pc.if_else(pc.is_valid(a), v, null)
+
+    steps = pc.cast(b.step, pa.string())
+    version = pc.if_else(pc.is_valid(b.step), pc.binary_join_element_wise(f"{ctx.run_name}@step", steps, ""),
+                         pa.array([ctx.run_name] * n, pa.string()))
+    return {"engine": named("logprobs", f"{fmt} {src.get('logprobs', 'logprobs')}"),
+            "train_policy_version": named("train_logprobs", version),
+            "train_engine": named("train_logprobs", f"{fmt} {src.get('train_logprobs', 'train_logprobs')}")}
 
 
 def _counts(b: Batch) -> dict[str, pa.Array]:
