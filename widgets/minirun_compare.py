@@ -51,6 +51,10 @@ COMPARED = ("reward_mean", "accuracy", "mismatch/k3", "mismatch/abs_delta_mean",
             "is/clipped_share", "is/masked_share", "is/weight_mean")
 # the settings named first in the comparison's settings line (then any other that differs)
 KEY_SETTINGS = ("correction", "is_cap", "is_low", "sampler_precision", "overlap")
+# the comparison's plot titles (short: four plots share a row of the tab)
+TITLES = {"reward_mean": "reward", "accuracy": "accuracy", "mismatch/k3": "mismatch k3",
+          "mismatch/abs_delta_mean": "mean |Δ|", "mismatch/abs_delta_max": "max |Δ|", "is/clipped_share": "IS clipped",
+          "is/masked_share": "IS masked", "is/weight_mean": "IS weight"}
 HELDOUT_FIGURES = ("accuracy", "pass@4", "greedy_accuracy", "mean_length", "entropy")
 PLOT_H = 180
 
@@ -142,10 +146,11 @@ class RunComparison(LazyView):
                                        css_classes=["compare-eval"])
         self._eval.on_click(self._on_eval)
         self._job = Job(on_running=lambda on: setattr(self._eval, "disabled", on or not self._can_run))
-        pickers = pn.Row(pn.widgets.Select.from_param(self.param.run_a, name="Run A", width=300,
-                                                      css_classes=["compare-a"]),
-                         pn.widgets.Select.from_param(self.param.run_b, name="Run B", width=300,
-                                                      css_classes=["compare-b"]), sizing_mode="stretch_width")
+        pickers = pn.FlexBox(pn.widgets.Select.from_param(self.param.run_a, name="Run A", width=270,
+                                                          css_classes=["compare-a"]),
+                             pn.widgets.Select.from_param(self.param.run_b, name="Run B", width=270,
+                                                          css_classes=["compare-b"]),
+                             flex_wrap="wrap", sizing_mode="stretch_width")
         self._layout = pn.Column(
             pn.pane.HTML('<div class="meta-line"><b>compare two runs</b><span>e.g. without and with a mismatch '
                          'correction: their curves overlaid (A blue, B orange) and their held-out results</span></div>',
@@ -208,11 +213,11 @@ class RunComparison(LazyView):
             layers = [hv.Curve(sub[sub["run_id"] == r], step, ("value", LABELS[m]), label=k).opts(color=c, line_width=2)
                       for k, r, c in zip("AB", ids, PALETTE, strict=False) if (sub["run_id"] == r).any()]
             if layers:
-                plots.append(hv.Overlay(layers).opts(**plot_opts(title=LABELS[m], xlabel="training step", ylabel="",
+                plots.append(hv.Overlay(layers).opts(**plot_opts(title=TITLES[m], xlabel="training step", ylabel="",
                                                                  height=PLOT_H, show_legend=False, **step_ticks())))
         if not plots:
             return None
-        self._curves.height = (PLOT_H + 6) * -(-len(plots) // 4) + 2
+        self._curves.height = (PLOT_H + 14) * -(-len(plots) // 4) + 4
         return hv.Layout(plots).cols(4).opts(shared_axes=False)
 
     async def _on_eval(self, event=None) -> None:
