@@ -162,3 +162,26 @@ def test_the_seeded_mismatch_world_loads_with_both_log_probs_metrics_and_held_ou
         assert set(held[held["figure"] == "accuracy"]["run_id"]) == set(runs["run_id"])
     finally:
         s.close()
+
+
+def test_the_cli_takes_the_correction_settings_and_names_a_bad_band(tmp_path, capsys):
+    import json
+
+    from studio.face.cli import minirun as minirun_cli
+
+    db = str(tmp_path / "cli.duckdb")
+    Store.open(db).close()
+    assert minirun_cli.main(["--db", db, "--correction", "mis", "--is-cap", "0.8", "--is-low", "0.9"]) == 2
+    assert "band is empty: is_low 0.9 must be below is_cap 0.8" in capsys.readouterr().err
+    s = Store.open(db)
+    assert s.scalar("SELECT count(*) FROM runs") == 0  # nothing stored for refused settings
+    s.close()
+    assert minirun_cli.main(["--db", db, "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                             "--sampler-precision", "bfloat16", "--correction", "icepop", "--no-overlap"]) == 0
+    s = Store.open(db)
+    cfg = json.loads(s.scalar("SELECT config FROM runs"))
+    assert (cfg["sampler_precision"], cfg["correction"]) == ("bfloat16", "icepop")
+    # in-process sampling in bfloat16: the same weights, so Δ is the precision alone
+    assert s.scalar("SELECT any_value(engine) FROM rollouts").endswith("cpu bfloat16")
+    assert s.scalar("SELECT count(*) FROM metrics WHERE name = 'is/masked_share'") == 1
+    s.close()
