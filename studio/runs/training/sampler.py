@@ -24,11 +24,12 @@ from studio.workers.processes import exit_with_parent, ignore_interrupts, quiet_
 
 
 def engine_label(model) -> str:
-    """What runs ``model``, as ``rollouts.engine`` names it: ``torch 2.13.0 cpu bfloat16``."""
-    import torch
+    """What runs ``model``, as ``rollouts.engine`` names it (:func:`backends.policy.engine_name`):
+    ``torch 2.13.0 cpu bfloat16``."""
+    from backends.policy import engine_name
 
     p = next(model.parameters())
-    return f"torch {torch.__version__} {p.device.type} {str(p.dtype).removeprefix('torch.')}"
+    return engine_name(p.device.type, str(p.dtype).removeprefix("torch."))
 
 
 def in_precision(policy, precision: str):
@@ -42,6 +43,7 @@ def in_precision(policy, precision: str):
         return policy
     low = copy.copy(policy)
     low.model = copy.deepcopy(policy.model).to(getattr(torch, precision)).eval()
+    low.precision = precision  # the engine it stamps on what it samples
     return low
 
 
