@@ -67,7 +67,6 @@ def _f32(values):
 @pytest.mark.parametrize(("path", "fmt", "behaviour", "train", "version"), [
     ("verl", "verl", "rollout_log_probs", "old_log_probs", "verl@step3"),
     ("openrlhf.jsonl", "openrlhf", "rollout_log_probs", "action_log_probs", "openrlhf@step5"),
-    ("nemo_rl.jsonl", "openrlhf", "generation_logprobs", "prev_logprobs", "nemo_rl@step7"),
 ])
 def test_both_log_probs_land_in_their_columns_with_their_engines(store, path, fmt, behaviour, train, version):
     rep = import_run(store, DATA / path)
@@ -81,6 +80,22 @@ def test_both_log_probs_land_in_their_columns_with_their_engines(store, path, fm
         d = _rows(store, "SELECT train_logprob - logprob FROM tokens t JOIN rollouts r USING (rollout_id) "
                          "WHERE r.run_id = ? AND t.logprob = ?", [rep.run_id, lp[0]])[0][0]
         assert d == pytest.approx(float(np.float32(t[0]) - np.float32(b[0])), abs=0)
+
+
+def test_nemo_rl_training_data_both_sides_on_the_response_only(store):
+    path = DATA / "nemo_rl" / "train_data_step7.jsonl"
+    rep = import_run(store, DATA / "nemo_rl")
+    assert rep.n_rollouts == 3 and not rep.skipped
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for (eng, teng, tver, lp, tlp, trained), row in zip(_stored(store, rep.run_id), rows, strict=True):
+        assert (eng, teng, tver) == ("nemo-rl generation_logprobs", "nemo-rl prev_logprobs", "nemo_rl@step7")
+        n, mask = row["input_lengths"], row["token_loss_mask"]
+        keep = [k == 1 for k in mask[4:n]]  # the response: from the first trained token to input_lengths
+        assert trained == keep
+        assert lp == _f32([v if k else None for v, k in zip(row["generation_logprobs"][4:n], keep, strict=True)])
+        assert tlp == _f32([v if k else None for v, k in zip(row["prev_logprobs"][4:n], keep, strict=True)])
+    assert store.df("SELECT text FROM prompts ORDER BY text")["text"].tolist() == [
+        "What is 2+3?", "What is 4*4?", "What is 9-7?"]
 
 
 def test_openrlhf_with_action_log_probs_only_imports_as_before(store):
@@ -154,6 +169,18 @@ def test_bad_agent_log_probs_name_the_line(store, tmp_path):
     rep = import_run(store, tmp_path / "2.jsonl", "verl-agent", on_error="skip")
     assert rep.n_rollouts == 2 and [(p.line, p.message) for p in rep.skipped] == [
         (2, "'old_log_probs' has 5 values but 'response_ids' has 6 tokens")]
+
+
+def test_bad_nemo_rl_log_probs_name_the_line(store, tmp_path):
+    rows = [json.loads(x) for x in (DATA / "nemo_rl" / "train_data_step7.jsonl").read_text().splitlines()]
+    rows[0]["prev_logprobs"] = rows[0]["prev_logprobs"][:8]
+    rows[2]["generation_logprobs"][5] = 0.25
+    (tmp_path / "train_data_step7.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rep = import_run(store, tmp_path / "train_data_step7.jsonl", on_error="skip")
+    assert rep.n_rollouts == 1 and [(p.line, p.message) for p in rep.skipped] == [
+        (1, "prev_logprobs has 8 values for 10 tokens"),
+        (3, "generation_logprobs has 0.25 at token 1: a log-prob is at most 0")]
+    assert store.df("SELECT count(*) AS n FROM rollouts")["n"][0] == 1
 
 
 def test_arrow_fast_path_and_line_by_line_path_agree(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ AGENT_FORMATS: dict[str, tuple[tuple[tuple[str, ...], ...], str]] = {
     "skyrl": ((("prompt_token_ids",), ("response_ids",), ("loss_masks",)), "rewards"),
     "trl-tools": ((("prompt_ids",), ("completion_ids",), ("env_mask", "tool_mask")), "the reward functions"),
     "rllm": ((("trajectories",),), "reward"),
+    "nemo-rl": ((("content",), ("input_lengths",), ("generation_logprobs", "prev_logprobs")), "rewards"),
     "openai-chat": ((("messages", "completion"),), "reward"),
     "openai-responses": ((("output", "items"),), "reward"),
 }
@@ -302,7 +303,7 @@ def detect_format(path: str | Path) -> str:
 def _agent_format(path: Path, names: set[str]) -> str | None:
     """The agent format a file's fields say it is: token ids with a loss mask (verl, SkyRL, TRL), rLLM's
     episodes, chat ``messages``, or Responses ``output`` items (a list of objects with a ``type``)."""
-    for fmt in ("verl-agent", "skyrl", "trl-tools", "rllm"):
+    for fmt in ("verl-agent", "skyrl", "trl-tools", "rllm", "nemo-rl"):
         if all(names & set(group) for group in AGENT_FORMATS[fmt][0]):
             return fmt
     if "messages" in names:

@@ -57,13 +57,25 @@ lines("openrlhf.jsonl", rows)
 rows = [{"prompt": q, "response": f"It is {a}.", "reward": 1.0, "action_log_probs": pair(6)[0]} for q, a in QS]
 lines("openrlhf_old.jsonl", rows)
 
-# NeMo-RL: generation_logprobs (the generation backend's) and prev_logprobs (the policy's recomputation)
-rows = []
-for q, a in QS:
+# NeMo-RL: train_data_step{N}.jsonl as grpo.py logs it: per token of the whole padded sequence (prompt,
+# response, padding) generation_logprobs (the generation backend's; 0 off the response) and prev_logprobs
+# (the policy's forward pass, over the prompt too), token_loss_mask 1 on the response; the second sample
+# is multi-turn: an environment's 2 tokens (mask 0) between two assistant turns
+rows, width = [], 14
+for i, (q, a) in enumerate(QS):
+    prompt = [1, 5, 7, 9 + i]
+    mask = [0] * 4 + ([1, 1, 1, 0, 0, 1] if i == 1 else [1] * 6)
     b, t = pair(6)
-    rows.append({"prompt": q, "response": f"It is {a}.", "rewards": 1.0, "step": 7,
-                 "generation_logprobs": b, "prev_logprobs": t})
-lines("nemo_rl.jsonl", rows)
+    pre = [round(-rng.uniform(0.1, 4.0), 6) for _ in prompt]
+    n = len(mask)
+    pad = width - n
+    rows.append({"content": [f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n", f"It is {a}."],
+                 "rewards": 1.0, "advantages": [0.5] * width, "input_lengths": n,
+                 "token_ids": prompt + [30, 31, 32, 33, 34, 35] + [0] * pad,
+                 "token_loss_mask": mask + [0] * pad, "sample_loss_mask": 1.0,
+                 "generation_logprobs": [0.0] * 4 + [v if k else 0.0 for v, k in zip(b, mask[4:])] + [0.0] * pad,
+                 "prev_logprobs": pre + t + [0.0] * pad})
+lines("nemo_rl/train_data_step7.jsonl", rows)
 
 # SkyRL single-turn generator output: rollout_logprobs, the behaviour side only
 rows = []
