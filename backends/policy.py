@@ -47,6 +47,11 @@ def loaded_dtype(path: str | Path, device: str, precision: str = "auto") -> str:
     return name if name in PRECISIONS else "float32"
 
 
+def engine_name(device: str, dtype: str) -> str:
+    """``torch <version> <device> <dtype>``: what computes a local policy's statistics (``rollouts.engine``)."""
+    return f"torch {torch.__version__.split('+')[0]} {device} {dtype}"
+
+
 @functools.cache
 def _cache_name() -> str:
     """The name of a causal LM's KV cache, as a forward argument and in its output: ``cache``
@@ -435,7 +440,7 @@ class Policy:
     @property
     def engine(self) -> str:
         """What computes this policy's statistics: ``torch <version> <device> <dtype>``."""
-        return f"torch {torch.__version__.split('+')[0]} {self.device} {self.precision}"
+        return engine_name(self.device, self.precision)
 
     def _stamped(self, gens: list[Generation]) -> list[Generation]:
         for g in gens:

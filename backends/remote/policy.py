@@ -37,6 +37,8 @@ class BackendInfo:
     eos_token_id: int | None
     max_model_len: int | None
     latency_s: float
+    engine: str | None = None  # what the studio backend computes with ('torch 2.13.0 cuda bfloat16'; extension only)
+    server: str | None = None  # the card's owned_by ('vllm', 'sglang', 'rollout-studio')
 
     def describe(self) -> dict:
         """What a run's config records about the backend (no key, no credentials)."""
@@ -86,6 +88,21 @@ class RemotePolicy:
     def version(self) -> str:
         return self.info().version
 
+    @property
+    def engine(self) -> str:
+        """What samples and scores (``rollouts.engine``): ``backend <url> (<the server's engine>)`` for the
+        studio's backend, ``<server> <url> (precision unknown)`` for a plain one (``vllm http://h:8000 …``)."""
+        info = self.info()
+        if info.extension:
+            return f"backend {self.url} ({info.engine or 'engine not reported'})"
+        return f"{info.server or 'openai-compatible server'} {self.url} (precision unknown)"
+
+    def _stamped(self, gens: list[Generation]) -> list[Generation]:
+        engine = self.engine
+        for g in gens:
+            g.engine = engine
+        return gens
+
     def info(self, refresh: bool = False, timeout: float | None = None) -> BackendInfo:
         """The server's model card (cached for ``INFO_TTL_S``); raises :class:`.RemoteError`."""
         if not refresh and self._info is not None and time.monotonic() - self._info_at < INFO_TTL_S:
@@ -103,7 +120,8 @@ class RemotePolicy:
             url=self.url, model=model, extension=ext is not None,
             version=f"{self.url}#{ext['version']}" if ext else f"{self.url}#{model}@entropy-est-top{ESTIMATE_TOP_K}",
             device=(ext or {}).get("device"), vocab_size=(ext or {}).get("vocab_size"),
-            eos_token_id=(ext or {}).get("eos_token_id"), max_model_len=card.get("max_model_len"), latency_s=latency)
+            eos_token_id=(ext or {}).get("eos_token_id"), max_model_len=card.get("max_model_len"), latency_s=latency,
+            engine=(ext or {}).get("engine"), server=card.get("owned_by"))
         self._info_at = time.monotonic()
         return self._info
 
@@ -123,7 +141,8 @@ class RemotePolicy:
         if info.extension:
             body["studio"] = {"stats": True, "top_k": top_k_stats}
             resp = self._call("POST", "/v1/completions", body)
-            return [from_studio(c, prompts[c["index"] // n], n, top_k_stats) for c in sorted_choices(resp)]
+            return self._stamped([from_studio(c, prompts[c["index"] // n], n, top_k_stats)
+                                  for c in sorted_choices(resp)])
         body.update(logprobs=max(top_k_stats, ESTIMATE_TOP_K), return_tokens_as_token_ids=True)
         resp = self._call("POST", "/v1/completions", body)
         out = []
@@ -132,7 +151,7 @@ class RemotePolicy:
             out.append(estimated(self.url, self.tokenizer.pieces, c["index"] // n, c["index"] % n,
                                  prompts[c["index"] // n], c.get("text") or "", ids, lps, top, top_k_stats,
                                  body["logprobs"], c.get("finish_reason") or "length"))
-        return out
+        return self._stamped(out)
 
     def branch(self, prompt: str, prefix_ids: list[int], choices: list[int | None], n: int = 1,
                temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
@@ -150,21 +169,22 @@ class RemotePolicy:
                 "studio": {"stats": True, "top_k": top_k_stats, "prefix": [int(i) for i in prefix_ids],
                            "choices": [None if c is None else int(c) for c in choices]}}
         resp = self._call("POST", "/v1/completions", body)
-        return [from_studio(c, prompt, n, top_k_stats) for c in sorted_choices(resp)]
+        return self._stamped([from_studio(c, prompt, n, top_k_stats) for c in sorted_choices(resp)])
 
     def sample_agent(self, prompts: list[str], env, **kwargs) -> list[Generation]:
         """See ``backends.agent.sample_agent``: the loop runs here, each turn sampled by the backend
         (:mod:`.agent`; needs the extension)."""
         from .agent import sample_agent
 
-        return sample_agent(self, prompts, env, **kwargs)
+        return self._stamped(sample_agent(self, prompts, env, **kwargs))
 
     def branch_agent(self, prompt: str, prefix_ids: list[int], prefix_mask: list[bool] | None, prefix_turns,
                      choices: list[int | None], env, **kwargs) -> list[Generation]:
         """See ``backends.agent.branch_agent`` (:mod:`.agent`; needs the extension)."""
         from .agent import branch_agent
 
-        return branch_agent(self, prompt, prefix_ids, prefix_mask, prefix_turns, choices, env, **kwargs)
+        return self._stamped(branch_agent(self, prompt, prefix_ids, prefix_mask, prefix_turns, choices, env,
+                                          **kwargs))
 
     def score(self, prompts: list[str], completions: list[str | list[int]], top_k_stats: int = 5,
               batch_size: int = 8) -> list[Generation]:
@@ -207,7 +227,7 @@ class RemotePolicy:
                 g = estimated(self.url, self.tokenizer.pieces, lo + i, 0, ps[i], None, ids[sl], lps[sl], top[sl],
                               top_k_stats, k_est, finish)
                 out.append(g)
-        return out
+        return self._stamped(out)
 
     def reward(self, prompts: list[str], completions: list[str]) -> np.ndarray:
         """Reward-model scores of ``prompt + completion`` (``POST /studio/reward``; a server

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..device import PRECISIONS
 from ..types import PolicyLoadError, check_policy_folder
 from .engine import Engine
 from .http import is_loopback, serve
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model name in the API (default the folder's name)")
     ap.add_argument("--no-extension", action="store_true",
                     help="answer like a plain vLLM server: standard fields only, no /studio routes")
+    ap.add_argument("--precision", default="auto", choices=PRECISIONS,
+                    help="dtype the policy is loaded in (default auto: float32 on a CPU, the checkpoint's own on a "
+                         "GPU); /v1/models reports it as the engine")
     ap.add_argument("--delay", metavar="S", type=float, default=0.0,
                     help="answer every request but /health this many seconds late (for testing timeouts)")
     return ap
@@ -76,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = Engine(policy, reward, args.served_model_name, extension=not args.no_extension, delay_s=args.delay)
+    engine = Engine(policy, reward, args.served_model_name, extension=not args.no_extension, delay_s=args.delay,
+                    precision=args.precision)
     if engine.device == "cpu":
         import torch
 

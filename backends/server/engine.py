@@ -61,8 +61,9 @@ class Engine:
     """
 
     def __init__(self, policy: Path, reward_model: Path | None = None, name: str | None = None,
-                 extension: bool = True, delay_s: float = 0.0):
+                 extension: bool = True, delay_s: float = 0.0, precision: str = "auto"):
         self.policy_path, self.reward_path = policy, reward_model
+        self.precision = precision  # backends.device.PRECISIONS: the dtype the policy is loaded in
         self.name = name or policy.name
         self.extension, self.delay_s = extension, delay_s
         self.model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
@@ -76,7 +77,7 @@ class Engine:
     def policy(self):
         from ..policy import load_policy
 
-        p = load_policy(self.policy_path)
+        p = load_policy(self.policy_path, precision=self.precision)
         self.loaded = True
         return p
 
@@ -104,7 +105,11 @@ class Engine:
         c = {"id": self.name, "object": "model", "created": int(time.time()), "owned_by": "rollout-studio",
              "root": self.name, "parent": None, "max_model_len": self.max_model_len}
         if self.extension:
-            c["studio"] = {"version": weights_version(self.policy_path), "device": self.device,
+            from ..policy import engine_name, loaded_dtype
+
+            dtype = loaded_dtype(self.policy_path, self.device, self.precision)
+            version = weights_version(self.policy_path) + ("" if dtype == "float32" else f"~{dtype}")
+            c["studio"] = {"version": version, "device": self.device, "engine": engine_name(self.device, dtype),
                            "vocab_size": self.vocab_size, "eos_token_id": self.tokenizer.eos_token_id}
         return c
 

@@ -159,8 +159,9 @@ def _vocab_mismatch(policy, ids: list[int], texts: list[str]) -> str | None:
     """Why ``policy`` cannot score stored tokens (``ids`` read as ``texts``): an id outside its
     vocabulary, or ids it decodes as another text; None when it reads them as stored."""
     tok = policy.tokenizer
-    if max(ids, default=0) >= len(tok):
-        return f"token id {max(ids)} is outside its vocabulary of {len(tok)}"
+    size = len(tok) if hasattr(tok, "__len__") else None  # a backend's tokenizer: its decode says it
+    if size is not None and max(ids, default=0) >= size:
+        return f"token id {max(ids)} is outside its vocabulary of {size}"
     stored = "".join(texts)
     decoded = tok.decode(ids, skip_special_tokens=False)
     if decoded != stored:
