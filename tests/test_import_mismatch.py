@@ -123,6 +123,18 @@ def test_skyrl_behaviour_side_only(store):
     assert all(s[3][0] is not None and s[4] == [None] * 6 for s in stored)
 
 
+def test_slime_rollout_dump_behaviour_side(store):
+    import torch
+    samples = torch.load(DATA / "slime" / "rollout_4.pt", weights_only=True)["samples"]
+    rep = import_run(store, DATA / "slime")
+    assert rep.n_rollouts == 3 and not rep.skipped
+    stored = _stored(store, rep.run_id)
+    for (eng, teng, tver, lp, tlp, trained), sample in zip(stored, samples, strict=True):
+        assert (eng, teng, tver) == ("slime rollout_log_probs", None, None)
+        assert lp == _f32(sample["rollout_log_probs"]) and tlp == [None] * 6 and trained == [True] * 6
+    assert store.df("SELECT DISTINCT train_step FROM rollouts")["train_step"].tolist() == [4]  # its rollout_id
+
+
 def test_generic_column_pair(store):
     m = ColumnMapping.parse(["prompt=question", "completion=answer", "logprobs=sampler_lp",
                              "train_logprobs=trainer_lp"])

@@ -17,7 +17,7 @@
 - ``openai-chat``: ``messages`` (or ``prompt`` + ``completion``) with ``tool_calls`` and ``tool`` messages;
 - ``openai-responses``: Responses items (``input``, ``output``): ``message``, ``reasoning``,
   ``function_call`` / ``custom_tool_call`` and their ``*_output``;
-- ``nemo-rl``: NeMo-RL's training data dumps (:mod:`studio.ingest.train_dumps`).
+- ``nemo-rl``, ``slime``: NeMo-RL's training data and slime's rollout dumps (:mod:`studio.ingest.train_dumps`).
 
 Token ids without texts are decoded with the import's tokenizer (a policy folder) when it has one.
 """
@@ -33,7 +33,7 @@ from studio.ingest.errors import Bad, ImportFormatError, Problem
 from studio.ingest.formats import ColumnMapping
 from studio.ingest.messages import message_turns, responses_messages, split_prompt
 from studio.ingest.normalise import Batch, _py_int
-from studio.ingest.train_dumps import nemo_rl
+from studio.ingest.train_dumps import nemo_rl, slime
 from studio.ingest.trajectories import (
     Trajectory,
     as_ids,
@@ -444,7 +444,7 @@ def rllm(rec: dict, m: ColumnMapping, file_step: int | None, decode: Decode) -> 
 
 
 READERS = {"verl-agent": verl_agent, "trl-tools": trl_tools, "rllm": rllm, "openai-chat": openai_chat,
-           "openai-responses": openai_responses, "nemo-rl": nemo_rl}
+           "openai-responses": openai_responses, "nemo-rl": nemo_rl, "slime": slime}
 
 
 def agent_batch(fmt: str, recs: list[tuple[int, Any]], m: ColumnMapping, file_step: int | None, file: str,

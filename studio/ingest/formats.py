@@ -33,6 +33,7 @@ AGENT_FORMATS: dict[str, tuple[tuple[tuple[str, ...], ...], str]] = {
     "trl-tools": ((("prompt_ids",), ("completion_ids",), ("env_mask", "tool_mask")), "the reward functions"),
     "rllm": ((("trajectories",),), "reward"),
     "nemo-rl": ((("content",), ("input_lengths",), ("generation_logprobs", "prev_logprobs")), "rewards"),
+    "slime": ((("tokens",), ("response_length",)), "reward"),
     "openai-chat": ((("messages", "completion"),), "reward"),
     "openai-responses": ((("output", "items"),), "reward"),
 }
@@ -251,6 +252,10 @@ def kinds_of_records(objs) -> dict[str, set[str]]:
 # ----------------------------------------------------------------------------------------- a path's files
 
 def _field_names(path: Path) -> set[str]:
+    if path.suffix == ".pt":  # slime's rollout dump: a torch file of samples
+        from studio.ingest.train_dumps import read_torch_samples
+        first = next((r for _, r in read_torch_samples(path) if isinstance(r, dict)), {})
+        return set(first)
     if path.suffix == ".parquet":
         return set(pq.read_schema(path).names)
     if path.suffix == ".json":
@@ -278,9 +283,9 @@ def detect_format(path: str | Path) -> str:
     if p.is_dir():
         if _trl_dir(p) is not None:
             return "trl"
-        files = files_of(p, "generic")
+        files = files_of(p, "generic") or files_of(p, "slime")
         if not files:
-            raise ImportFormatError(f"{p}: no .parquet, .jsonl or completions/*.parquet files to import")
+            raise ImportFormatError(f"{p}: no .parquet, .jsonl, .pt or completions/*.parquet files to import")
         p = files[0]
     names = _field_names(p)
     agent = _agent_format(p, names)
@@ -303,7 +308,7 @@ def detect_format(path: str | Path) -> str:
 def _agent_format(path: Path, names: set[str]) -> str | None:
     """The agent format a file's fields say it is: token ids with a loss mask (verl, SkyRL, TRL), rLLM's
     episodes, chat ``messages``, or Responses ``output`` items (a list of objects with a ``type``)."""
-    for fmt in ("verl-agent", "skyrl", "trl-tools", "rllm", "nemo-rl"):
+    for fmt in ("verl-agent", "skyrl", "trl-tools", "rllm", "nemo-rl", "slime"):
         if all(names & set(group) for group in AGENT_FORMATS[fmt][0]):
             return fmt
     if "messages" in names:
@@ -360,6 +365,8 @@ def files_of(root: Path, fmt: str) -> list[Path]:
         return _by_step(numbered or jsonl)
     if fmt == "openrlhf":
         return _by_step(jsonl)
+    if fmt == "slime":  # its rollout dumps, {rollout_id} in each name
+        return _by_step([*root.glob("*.pt"), *jsonl])
     return _by_step([*root.glob("*.parquet"), *jsonl])
 
 

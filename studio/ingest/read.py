@@ -41,6 +41,7 @@ from studio.ingest.formats import (
     value_kind,
 )
 from studio.ingest.normalise import Batch, Slow, arrow_batch, records_batch
+from studio.ingest.train_dumps import read_torch_samples
 
 SLICE = 250_000  # rows read, checked and written at a time
 
@@ -108,6 +109,10 @@ def read_source(path: Path, fmt: str, user: ColumnMapping | None, start: int, ta
         pf = pq.ParquetFile(path)  # reads the footer: a file still being written fails here
         m = resolve(fmt, kinds_of_schema(pf.schema_arrow), user, str(path))
         return Source(path, m, _parquet_slices(path, pf, m), path.stat().st_size, [])
+    if path.suffix == ".pt":  # slime's rollout dump
+        recs = read_torch_samples(path)
+        m = resolve(fmt, kinds_of_records(o for _, o in recs), user, str(path))
+        return Source(path, m, _chunks(recs), path.stat().st_size, [])
     if path.suffix == ".json":
         names, data = read_table_json(path)
         recs = [(i + 1, dict(zip(names, row, strict=True)) if isinstance(row, list) and len(row) == len(names) else row)

@@ -9,6 +9,7 @@ import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 rng = random.Random(33)
 
@@ -89,3 +90,17 @@ b, t = zip(*(pair(6) for _ in QS), strict=True)
 pq.write_table(pa.table({"question": [q for q, _ in QS], "answer": [f"It is {a}." for _, a in QS],
                          "sampler_lp": pa.array(list(b), pa.list_(pa.float32())),
                          "trainer_lp": pa.array(list(t), pa.list_(pa.float32()))}), "generic.parquet")
+
+# slime: --save-debug-rollout-data as slime/ray/rollout.py saves it, torch.save of {rollout_id, samples:
+# [Sample.to_dict()]}: tokens are prompt + response, loss_mask and rollout_log_probs cover the response
+samples = []
+for i, (q, a) in enumerate(QS):
+    prompt_ids = [1, 5, 7 + i]
+    samples.append({"group_index": i, "index": i,
+                    "prompt": f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n",
+                    "tokens": prompt_ids + [30, 31, 32, 33, 34, 35], "multimodal_inputs": None,
+                    "response": f"It is {a}.", "response_length": 6, "label": a, "reward": 1.0,
+                    "loss_mask": [1] * 6, "weight_versions": ["4"], "rollout_log_probs": pair(6)[0],
+                    "rollout_routed_experts": None, "remove_sample": False, "status": "completed",
+                    "metadata": {}, "train_metadata": None})
+torch.save({"rollout_id": 4, "samples": samples}, "slime/rollout_4.pt")
