@@ -16,6 +16,7 @@ from backends.trainer import policy_loss  # noqa: E402
 from studio.runs import minirun  # noqa: E402
 from studio.runs.training import MiniRunConfig, TrainConfigError  # noqa: E402
 from studio.runs.training.correction import correction_fn, is_weights, step_metrics  # noqa: E402
+from studio.signals.mismatch import Correction  # noqa: E402
 from studio.store import Store  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -30,17 +31,17 @@ def test_tis_and_mis_weights_multiply_the_policy_gradient_term():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the fourth token is padding
     a = torch.tensor([2.0])
     # TIS, C = 2 (verl's rollout_is_threshold): w = min(r, 2) = 2, 1, 0.25
-    w = is_weights(old - behaviour, "tis", 0.0, 2.0)
+    w = is_weights(old - behaviour, Correction("tis", cap=2.0))
     assert w[0, :3].tolist() == pytest.approx([2.0, 1.0, 0.25], abs=1e-6)
     # π = π_old (ρ = 1): per token -w·A, averaged over the 3 real tokens: -(2 + 1 + 0.25)·2 / 3
     loss, _ = policy_loss(old, old, a, mask, is_weights=w)
     assert loss.item() == pytest.approx(-(2 + 1 + 0.25) * 2 / 3, abs=1e-6)
     # MIS band [0.5, 2]: 3 and 0.25 fall outside, dropped (w = 0) but still counted in the length
-    w = is_weights(old - behaviour, "mis", 0.5, 2.0)
+    w = is_weights(old - behaviour, Correction("mis", cap=2.0, low=0.5))
     assert w[0, :3].tolist() == pytest.approx([0.0, 1.0, 0.0], abs=1e-6)
     assert policy_loss(old, old, a, mask, is_weights=w)[0].item() == pytest.approx(-2 / 3, abs=1e-6)
     # ICEPOP [0.5, 5]: 3 stays with weight 3, 0.25 is dropped
-    w = is_weights(old - behaviour, "icepop", 0.5, 5.0)
+    w = is_weights(old - behaviour, Correction("icepop", cap=5.0, low=0.5))
     assert w[0, :3].tolist() == pytest.approx([3.0, 1.0, 0.0], abs=1e-6)
     # the weights scale the gradient token by token: d loss / d log π_t = -w_t·A / 3 (ρ = 1, inside the clip)
     lp = old.clone().requires_grad_(True)

@@ -11,47 +11,50 @@ r = exp(Δ), the corrections weigh each token's policy-gradient term as verl's d
 - ``tis`` (truncated IS): w = min(r, C);
 - ``mis`` (masked IS) and ``icepop`` (IcePop's band): w = r when low ≤ r ≤ C, else 0 (dropped).
 
-Torch is imported inside the functions.
+The formulas are :mod:`studio.signals.mismatch`'s (the same the Mismatch tab applies to stored tokens). Torch is imported inside the functions.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from studio.runs.training.config import MiniRunConfig
+from studio.signals.mismatch import STATES, Correction, delta, kl_terms, token_correction
 
 
-def is_weights(d, method: str, low: float, high: float):
-    """Importance weights of tokens with Δ ``d`` (a torch tensor, NaN allowed on untrained tokens) under
-    ``method``: ``tis`` min(r, high), ``mis`` / ``icepop`` r inside [low, high] else 0.
+def correction_of(cfg: MiniRunConfig) -> Correction | None:
+    """The run's correction as :mod:`studio.signals.mismatch` names it (its band resolved,
+    :meth:`MiniRunConfig.correction_band`), or None for ``correction = none``."""
+    if cfg.correction == "none":
+        return None
+    low, high = cfg.correction_band()
+    return Correction(cfg.correction, cap=high, low=low)
+
+
+def is_weights(d, c: Correction):
+    """Importance weights of tokens with Δ ``d`` (a torch tensor; NaN on untrained tokens, which get 1)
+    under ``c`` (:func:`studio.signals.mismatch.token_correction`: TIS min(r, C), MIS / ICEPOP r inside
+    [low, C] else 0), as a tensor like ``d``.
 
     >>> import torch
     >>> d = torch.log(torch.tensor([0.25, 1.0, 3.0]))
-    >>> [round(w, 4) for w in is_weights(d, "tis", 0.0, 2.0).tolist()]   # r = 0.25, 1, 3: only 3 is capped, at 2
+    >>> [round(w, 4) for w in is_weights(d, Correction("tis", cap=2.0)).tolist()]   # only r = 3 is capped, at 2
     [0.25, 1.0, 2.0]
-    >>> [round(w, 4) for w in is_weights(d, "mis", 0.5, 2.0).tolist()]   # 0.25 and 3 leave [0.5, 2]: dropped
+    >>> [round(w, 4) for w in is_weights(d, Correction("mis", cap=2.0, low=0.5)).tolist()]   # 0.25, 3 dropped
     [0.0, 1.0, 0.0]
     """
     import torch
 
-    r = torch.exp(d)
-    if method == "tis":
-        return torch.clamp(r, max=high)
-    if method in ("mis", "icepop"):
-        return torch.where((r >= low) & (r <= high), r, torch.zeros_like(r))
-    raise ValueError(f"unknown correction {method!r}; choose from tis, mis, icepop")
+    w, _ = token_correction(d.detach().cpu().double().numpy(), c)
+    return torch.as_tensor(w, dtype=d.dtype, device=d.device)
 
 
 def correction_fn(cfg: MiniRunConfig):
     """The callable :func:`backends.trainer.backward` takes as ``correction`` (``(old, behaviour, mask)
     -> weights``), or None for ``correction = none``."""
-    if cfg.correction == "none":
+    c = correction_of(cfg)
+    if c is None:
         return None
-    low, high = cfg.correction_band()
-
-    def weights(old, behaviour, mask):
-        return is_weights(old - behaviour, cfg.correction, low, high) * mask
-
-    return weights
+    return lambda old, behaviour, mask: is_weights(old - behaviour, c) * mask
 
 
 def step_metrics(train: list[np.ndarray], behaviour: list[np.ndarray], masks: list[np.ndarray],
@@ -66,20 +69,16 @@ def step_metrics(train: list[np.ndarray], behaviour: list[np.ndarray], masks: li
     and with a correction: ``is/weight_mean`` (mean w), ``is/clipped_share`` (TIS: r > C) and
     ``is/masked_share`` (MIS, ICEPOP: r outside [low, C]; verl's ``rollout_is_ratio_fraction_high + low``).
     """
-    d = np.concatenate([(t - b)[m] for t, b, m in zip(train, behaviour, masks, strict=True)]).astype(np.float64)
+    d = np.concatenate([delta(t, b)[m] for t, b, m in zip(train, behaviour, masks, strict=True)])
     d = d[np.isfinite(d)]
     if not d.size:
         return {}
-    r = np.exp(d)
-    out = {"mismatch/k1": float(np.mean(-d)), "mismatch/k3": float(np.mean(r - 1 - d)),
-           "mismatch/abs_delta_mean": float(np.mean(np.abs(d))), "mismatch/abs_delta_max": float(np.max(np.abs(d)))}
-    if cfg.correction == "none":
+    k1, _, k3 = kl_terms(d)
+    out = {"mismatch/k1": float(k1.mean()), "mismatch/k3": float(k3.mean()),
+           "mismatch/abs_delta_mean": float(np.abs(d).mean()), "mismatch/abs_delta_max": float(np.abs(d).max())}
+    c = correction_of(cfg)
+    if c is None:
         return out
-    low, high = cfg.correction_band()
-    if cfg.correction == "tis":
-        w, clipped, masked = np.minimum(r, high), r > high, np.zeros(r.shape, bool)
-    else:
-        inside = (r >= low) & (r <= high)
-        w, clipped, masked = np.where(inside, r, 0.0), np.zeros(r.shape, bool), ~inside
-    return out | {"is/weight_mean": float(w.mean()), "is/clipped_share": float(clipped.mean()),
-                  "is/masked_share": float(masked.mean())}
+    w, states = token_correction(d, c)
+    return out | {"is/weight_mean": float(w.mean()), "is/clipped_share": float((states == STATES.index("clipped")).mean()),
+                  "is/masked_share": float((states == STATES.index("masked")).mean())}
