@@ -1,6 +1,9 @@
 """Training–inference mismatch signals: Δ and the KL estimators on literal cases, each correction
 against the formula its framework documents, the DuckDB twins against numpy, and diagnose."""
+import inspect
 import math
+import textwrap
+from types import SimpleNamespace
 
 import duckdb
 import numpy as np
@@ -21,6 +24,7 @@ from studio.signals.mismatch import (
     sequence_stats,
     state_sql,
     token_correction,
+    token_mult_prob_error,
     weight_sql,
 )
 
@@ -39,6 +43,12 @@ def test_kl_estimators_on_literal_values():
     assert k2.tolist() == [0.0, 0.125, 0.5]
     assert k3 == pytest.approx([0.0, math.exp(0.5) - 1.5, math.exp(-1.0)])  # e^Δ − 1 − Δ
     assert (k3 >= 0).all()
+
+
+def test_nemo_rl_token_mult_prob_error():
+    # nemo_rl/algorithms/loss_functions.py: masked_mean(exp(|generation_logprobs - prev_logprobs|))
+    assert token_mult_prob_error([0.0, -0.5, np.nan, 0.5]) == pytest.approx((1 + 2 * math.exp(0.5)) / 3)
+    assert math.isnan(token_mult_prob_error([np.nan]))
 
 
 def test_tis_truncates_at_the_cap():
@@ -78,28 +88,53 @@ def test_sequence_level_corrections():
     # verl decoupled_geo_rs: exp(mean Δ) outside [0.999, 1.001]
     _, s = token_correction(d, PRESETS["verl geometric RS [0.999, 1.001]"], seq)
     assert s.tolist() == [2, 2, 0, 0, 0]
+    # prime-rl geo mask (src/prime_rl/trainer/rl/loss.py, geo_mask_low/high 0.1 / 10): exp(mean Δ) = e^0.5 kept
+    _, s = token_correction(d, PRESETS["prime-rl geo mask [0.1, 10]"], seq)
+    assert s.tolist() == [0] * 5
+    _, s = token_correction(np.array([3.0, 2.0, 0.0]), PRESETS["prime-rl geo mask [0.1, 10]"], [0, 0, 1])
+    assert s.tolist() == [2, 2, 0]  # exp(2.5) = 12.2 > 10
     with pytest.raises(ValueError, match="seq_index"):
         token_correction(d, Correction("seq_mis"))
 
 
-def test_trl_modes_match_trl_1_16_formula():
-    # trl/trainer/grpo_trainer.py (1.16) computes its IS weights inline in _generate_and_score_completions:
-    # clamp(exp(diff), clip_min, clip_max) for *_truncate, masked_fill(ratio outside [min, max], 0) for *_mask,
-    # diff summed per sequence for sequence_*. The same arithmetic in torch, against ours:
+def _trl_importance_weights(diff, mode: str, clip_max: float, clip_min=None):
+    """TRL's own lines: the IS block of ``GRPOTrainer._generate_and_score_completions``
+    (trl/trainer/grpo_trainer.py, TRL 1.16), cut from its source and run on ``diff``
+    (its ``per_token_logps_diff``, shape (B, T)); it is not a separate function there."""
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(1)
-    diff = rng.normal(0, 0.8, (4, 6))
-    t = torch.tensor(diff)
-    for name, mode in [("TRL token_truncate (cap 3)", "token_truncate"), ("TRL token_mask (cap 3)", "token_mask"),
-                       ("TRL sequence_truncate (cap 3)", "sequence_truncate"),
-                       ("TRL sequence_mask (cap 3)", "sequence_mask")]:
-        ld = t.sum(-1, keepdim=True) if mode.startswith("sequence") else t
-        ratio = torch.exp(ld)
-        ref = torch.clamp(ratio, max=3.0) if mode.endswith("truncate") else ratio.masked_fill(ratio > 3.0, 0.0)
-        ref = ref.expand_as(t).numpy()
-        seq = np.repeat(np.arange(4), 6)
-        w, _ = token_correction(diff.ravel(), PRESETS[name], seq)
-        assert w == pytest.approx(ref.ravel()), name
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    start = src.rindex("\n", 0, src.index("sequence_level_is = self.vllm_importance_sampling_mode")) + 1
+    end = src.index("# Compute the per-token log probabilities for the reference model")
+    trainer = SimpleNamespace(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=clip_max,
+                              vllm_importance_sampling_clip_min=clip_min)
+    scope = {"self": trainer, "per_token_logps_diff": torch.tensor(diff), "torch": torch, "math": math}
+    exec(textwrap.dedent(src[start:end]), scope)
+    return scope["vllm_importance_sampling_ratio"].expand(*diff.shape).numpy()
+
+
+@pytest.mark.parametrize("name, mode", [("TRL token_truncate (cap 3)", "token_truncate"),
+                                        ("TRL token_mask (cap 3)", "token_mask"),
+                                        ("TRL sequence_truncate (cap 3)", "sequence_truncate"),
+                                        ("TRL sequence_mask (cap 3)", "sequence_mask")])
+def test_trl_presets_match_trl_itself(name, mode):
+    diff = np.random.default_rng(1).normal(0, 0.8, (4, 6))
+    ref = _trl_importance_weights(diff, mode, clip_max=3.0)
+    w, s = token_correction(diff.ravel(), PRESETS[name], np.repeat(np.arange(4), 6))
+    assert w == pytest.approx(ref.ravel())
+    ratio = np.exp(np.repeat(diff.sum(1), 6) if mode.startswith("sequence") else diff.ravel())
+    assert ((s == 0) == np.isclose(w, ratio, rtol=1e-12)).all()  # kept exactly where TRL left the ratio alone
+
+
+def test_tis_with_a_lower_bound_matches_trl_truncate_with_clip_min():
+    diff = np.random.default_rng(2).normal(0, 0.8, (3, 5))
+    ref = _trl_importance_weights(diff, "token_truncate", clip_max=2.0, clip_min=0.5)
+    w, _ = token_correction(diff.ravel(), Correction("tis", cap=2.0, low=0.5))
+    assert w == pytest.approx(ref.ravel())
+    ref = _trl_importance_weights(diff, "token_mask", clip_max=2.0, clip_min=0.5)
+    w, _ = token_correction(diff.ravel(), Correction("mis", cap=2.0, low=0.5))
+    assert w == pytest.approx(ref.ravel())
 
 
 def test_sequence_stats_literal():
@@ -116,6 +151,10 @@ def test_sequence_stats_literal():
 def test_unknown_method_is_refused_and_every_method_describes_itself():
     with pytest.raises(ValueError, match="unknown correction method 'foo'"):
         Correction("foo")
+    with pytest.raises(ValueError, match="low = 3, cap = 2"):
+        Correction("mis", cap=2.0, low=3.0)
+    with pytest.raises(ValueError, match="threshold must be a finite number"):
+        Correction("k1", threshold=float("nan"))
     for m in METHODS:
         assert Correction(m, threshold=0.1).describe()
 

@@ -17,7 +17,9 @@ Corrections (:class:`Correction`; token states kept 0 / clipped 1 / masked 2):
 - ``seq_tis``: w = min(exp(ΣΔ), C) on every token of the sequence; ``seq_mis``: exp(ΣΔ)
   outside [low, C] drops the sequence (TRL ``sequence_truncate`` / ``sequence_mask``).
 - ``geo``: geometric-mean ratio exp(mean Δ) outside [low, C] (low 0: 1/C) rejects the sequence
-  (verl ``RolloutCorrectionConfig.decoupled_geo_rs``); ``seq_k3``: mean k3 > threshold rejects it.
+  (verl ``rollout_rs="geometric"``, ``RolloutCorrectionConfig.decoupled_geo_rs`` in
+  ``verl/trainer/config/algorithm.py``; prime-rl ``geo_mask_low/high``); ``seq_k3``: mean k3 > threshold
+  rejects it.
 
 >>> float(delta([-1.0], [-1.5])[0])
 0.5
@@ -63,6 +65,13 @@ class Correction:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"unknown correction method {self.method!r}; one of {', '.join(METHODS)}")
+        for name in ("cap", "low", "threshold"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"correction {self.method}: {name} must be a finite number ≥ 0, got {value!r}")
+        if self.cap <= 0 or self.low > self.cap:
+            raise ValueError(f"correction {self.method}: needs 0 ≤ low ≤ cap and cap > 0, "
+                             f"got low = {self.low:g}, cap = {self.cap:g}")
 
     @property
     def level(self) -> str:
@@ -112,7 +121,9 @@ PRESETS: dict[str, Correction] = {
     "slime --use-tis (--tis-clip 2)": Correction("tis", cap=2.0),
     # prime-rl src/prime_rl/trainer/rl/config.py LossConfig token_mask_low 0.125, token_mask_high 8.0
     "prime-rl token mask [0.125, 8]": Correction("mis", cap=8.0, low=0.125),
-    # Ring-1T IcePop: ratio band [α, β] = [0.5, 5]
+    # ... geo_mask_low 0.1, geo_mask_high 10.0 (reject_by_geo_k1 in loss.py: the sequence's exp(mean Δ))
+    "prime-rl geo mask [0.1, 10]": Correction("geo", cap=10.0, low=0.1),
+    # Ring-1T IcePop: ratio band [α, β] = [0.5, 5] (slime: --custom-tis-function-path ...icepop_function)
     "IcePop [0.5, 5]": Correction("icepop", cap=5.0, low=0.5),
 }
 
@@ -131,6 +142,14 @@ def kl_terms(d) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-token (k1, k2, k3) of KL(π_behaviour ‖ π_train): −Δ, Δ²/2, exp(Δ) − 1 − Δ."""
     d = np.asarray(d, dtype=np.float64)
     return -d, d * d / 2.0, np.expm1(d) - d
+
+
+def token_mult_prob_error(d) -> float:
+    """NeMo-RL's ``token_mult_prob_error``: mean of exp(|Δ|) over the tokens with Δ (1.0: no
+    mismatch; ``nemo_rl/algorithms/loss_functions.py``, generation_logprobs against prev_logprobs)."""
+    d = np.asarray(d, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    return float(np.mean(np.exp(np.abs(d)))) if len(d) else float("nan")
 
 
 def _band_state(ratio: np.ndarray, low: float, high: float) -> np.ndarray:
