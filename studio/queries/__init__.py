@@ -4,8 +4,12 @@ Every view reads the store through this package (widgets never write SQL). Its m
 
 - :mod:`~studio.queries.scoring`: rollouts with reward, accuracy and advantage under an
   estimator (:func:`scored_rollouts_sql`), the rule version shown per rollout.
+- :mod:`~studio.queries.filters`: what the table shows (:class:`RolloutFilter`) as conditions on
+  the rollouts.
 - :mod:`~studio.queries.table`: the rollout table under a :class:`RolloutFilter`, one page at a
   time, sorted and counted.
+- :mod:`~studio.queries.mismatch`: training–inference mismatch: one rollout's Δ per token, sequence
+  summaries, the Mismatch tab's distributions, worst tokens, corrections, drift and engines.
 - :mod:`~studio.queries.reads`: one rollout, tokens of one or many rollouts, a group, the
   groups, runs, reward bounds.
 - :mod:`~studio.queries.points`: one group scored from point reads and numpy twins of the
@@ -19,6 +23,18 @@ This module re-exports the names callers use as ``queries.X``. User values are a
 parameters, never formatted into SQL.
 """
 from studio.queries.ahead import read_ahead, settled
+from studio.queries.filters import MAX_TABLE_ROWS, RolloutFilter
+from studio.queries.mismatch import (
+    Distributions,
+    by_step,
+    correction_shares,
+    distributions,
+    engine_comparison,
+    mismatch_sources,
+    rollout_mismatch,
+    sequence_summaries,
+    worst_tokens,
+)
 from studio.queries.points import ScoredGroup, scored_group
 from studio.queries.reads import (
     TOKEN_COLUMNS,
@@ -36,11 +52,10 @@ from studio.queries.reads import (
 )
 from studio.queries.scoring import GROUP_OF, picked_sql, scored_rollouts_sql, versions_sql
 from studio.queries.table import (
-    MAX_TABLE_ROWS,
+    MISMATCH_SORTS,
     PAGE_FIRST_MAX,
     ROLLOUT_SORTS,
     TABLE_SORTS,
-    RolloutFilter,
     rollout_table,
     rollout_table_count,
     rollout_table_counted,
@@ -49,9 +64,11 @@ from studio.queries.table import (
 )
 
 __all__ = [
-    "GROUP_OF", "MAX_TABLE_ROWS", "PAGE_FIRST_MAX", "ROLLOUT_SORTS", "TABLE_SORTS", "TOKEN_COLUMNS",
+    "Distributions", "GROUP_OF", "MAX_TABLE_ROWS", "MISMATCH_SORTS", "PAGE_FIRST_MAX", "ROLLOUT_SORTS", "TABLE_SORTS", "TOKEN_COLUMNS",
     "RolloutFilter", "ScoredGroup", "components", "group", "groups", "picked_sql", "prompt_of_row",
     "read_ahead", "reward_bounds", "rollout", "rollout_count", "rollout_table", "rollout_table_count",
     "rollout_table_counted", "rollout_table_sql", "runs", "sample_prompts", "scored_group",
     "scored_rollouts_sql", "scores_scope", "settled", "tokens", "tokens_of", "versions_sql",
+    "by_step", "correction_shares", "distributions", "engine_comparison", "mismatch_sources", "rollout_mismatch",
+    "sequence_summaries", "worst_tokens",
 ]

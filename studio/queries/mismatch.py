@@ -5,7 +5,7 @@ summaries over a scope, all computed in DuckDB with the SQL twins of :mod:`studi
 A **source** names the recomputed log-prob: ``""`` is the stored ``tokens.train_logprob`` (the
 scale path: one column scan), any other value a ``token_scores.policy_version`` joined on
 ``(rollout_id, pos)`` (for small scopes: a rollout, a group, a run). A **scope** is one rollout id
-(str), a list of rollout ids, a :class:`~studio.queries.table.RolloutFilter` (its run, group,
+(str), a list of rollout ids, a :class:`~studio.queries.filters.RolloutFilter` (its run, group,
 training step, branch, prompt-text and row conditions; not its reward range) or None (the store).
 Tool tokens (``trained = false``) are left out of every Δ here: the sampler did not generate them.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from studio.queries.table import RolloutFilter, _row_conditions, _whole_group_conditions
+from studio.queries.filters import RolloutFilter, row_conditions, whole_group_conditions
 from studio.signals.mismatch import (
     PRESETS,
     Cause,
@@ -39,8 +39,8 @@ def scope_sql(scope: Scope) -> tuple[str | None, list]:
         return "SELECT ?::VARCHAR AS rollout_id", [scope]
     if not isinstance(scope, RolloutFilter):
         return "SELECT unnest(?::VARCHAR[]) AS rollout_id", [list(scope)]
-    groups, params = _whole_group_conditions(scope)
-    rows, rparams = _row_conditions(scope)
+    groups, params = whole_group_conditions(scope)
+    rows, rparams = row_conditions(scope)
     conds = groups + rows
     params = params + rparams
     if scope.prompt_contains:

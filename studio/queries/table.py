@@ -31,39 +31,18 @@ from datetime import datetime
 
 import pandas as pd
 
+from studio.queries.filters import (
+    RolloutFilter,
+    has_range,
+    mismatch_summaries_sql,
+    narrows_rows,
+    range_sql,
+    row_conditions,
+    whole_group_conditions,
+)
 from studio.queries.scoring import scored_rollouts_sql
 from studio.signals.advantages import Credit
 from studio.store import Store
-
-MAX_TABLE_ROWS = 5000
-
-
-@dataclass(frozen=True)
-class RolloutFilter:
-    """What the rollout table shows. ``None`` means no constraint."""
-
-    run_id: str | None = None
-    prompt_contains: str | None = None
-    correct: bool | None = None  # rollouts.correct: True / False (unchecked rollouts, NULL, are in neither)
-    reward_min: float | None = None  # total reward under one version (see reward_source)
-    reward_max: float | None = None
-    group_id: str | None = None
-    branches_of: str | None = None  # only branches of this rollout, at any depth
-    train_step: int | None = None  # only rollouts sampled at this training step (mini-runs)
-    min_turns: int | None = None  # agent trajectories of at least this many turns (rollouts.n_turns; a single answer: 1)
-    tool: str | None = None  # trajectories that called this tool (an assistant turn's tool_name)
-    tool_errors: bool | None = None  # True: at least one failed tool call; False: none (rollouts.n_tool_errors)
-    limit: int = MAX_TABLE_ROWS
-
-# rollout ids of every branch below one rollout (one bound parameter: the rollout id)
-DESCENDANTS = """
-    WITH RECURSIVE down(rid, depth) AS (
-        SELECT rollout_id, 1 FROM rollouts WHERE parent_rollout_id = ?
-        UNION ALL
-        SELECT c.rollout_id, down.depth + 1 FROM down JOIN rollouts c ON c.parent_rollout_id = down.rid
-        WHERE down.depth < 100)
-    SELECT rid FROM down"""
-
 
 # a page without a reward sort is cut from the rollouts first and only its groups are scored, however far
 # down it is; a limit above this asks for (nearly) every row, so the scope is scored directly
@@ -79,67 +58,10 @@ def _table_order(ro: str, p: str) -> str:
     return f"{ro}.created_at DESC, {p}.text, {ro}.group_id, {ro}.sample_idx, {ro}.rollout_id"
 
 
-def _whole_group_conditions(f: RolloutFilter) -> tuple[list[str], list]:
-    """The conditions of ``f`` on ``rollouts ro`` that keep or drop whole groups, and their values."""
-    conds, params = ["TRUE"], []
-    if f.run_id:  # run and group filters keep whole groups: safe to apply before the window
-        conds.append("ro.run_id = ?")
-        params.append(f.run_id)
-    if f.group_id:
-        conds.append("ro.group_id = ?")
-        params.append(f.group_id)
-    if f.train_step is not None:  # a group is sampled within one step: whole groups again
-        conds.append("ro.train_step = ?")
-        params.append(int(f.train_step))
-    if f.branches_of:  # a branch request is one whole group, so this keeps whole groups too
-        conds.append(f"ro.rollout_id IN ({DESCENDANTS})")
-        params.append(f.branches_of)
-    return conds, params
-
-
-def _row_conditions(f: RolloutFilter) -> tuple[list[str], list]:
-    """The conditions of ``f`` on single rows of ``rollouts ro`` (correctness, the trajectory filters: no
-    reward version is read to decide them) and their values. Every column they name is one of the scored
-    rows' too (``scoring.SCORED_COLUMNS``), so ``ro.`` can be read as ``s.``."""
-    conds, params = [], []
-    if f.correct is not None:
-        conds.append("ro.correct" if f.correct else "NOT ro.correct")
-    if f.min_turns is not None and f.min_turns > 1:  # NULL n_turns (never counted): a single answer
-        conds.append("coalesce(ro.n_turns, 1) >= ?")
-        params.append(int(f.min_turns))
-    if f.tool:
-        conds.append("ro.rollout_id IN (SELECT rollout_id FROM turns WHERE role = 'assistant' AND tool_name = ?)")
-        params.append(f.tool)
-    if f.tool_errors is not None:
-        conds.append("coalesce(ro.n_tool_errors, 0) > 0" if f.tool_errors else "coalesce(ro.n_tool_errors, 0) = 0")
-    return conds, params
-
-
-def _narrows_rows(f: RolloutFilter) -> bool:
-    """Whether ``f`` has a condition on single rows (:func:`_row_conditions`)."""
-    return bool(_row_conditions(f)[0])
-
-
-def _has_range(f: RolloutFilter) -> bool:
-    return f.reward_min is not None or f.reward_max is not None
-
-
-def _range_sql(f: RolloutFilter, col: str) -> tuple[str, list]:
-    """``f``'s reward range on column ``col`` (``TRUE`` without one) and its values."""
-    conds, params = [], []
-    if f.reward_min is not None:
-        conds.append(f"{col} >= ?")
-        params.append(float(f.reward_min))
-    if f.reward_max is not None:
-        conds.append(f"{col} <= ?")
-        params.append(float(f.reward_max))
-    return " AND ".join(conds) or "TRUE", params
-
-
 def _in_range_ids(f: RolloutFilter, version: str, within: str | None = None) -> tuple[str, list]:
     """``SELECT rollout_id`` of the rollouts whose ``total`` under ``version`` is in ``f``'s range; with
     ``within`` (a relation with a ``rollout_id`` column) only theirs, read through their id range."""
-    rng, params = _range_sql(f, "rw.value")
+    rng, params = range_sql(f, "rw.value")
     sql = f"""SELECT rw.rollout_id FROM rewards rw
               WHERE rw.rule_version_id = ? AND rw.component = 'total' AND {rng}"""
     if within is not None:
@@ -151,7 +73,11 @@ def _in_range_ids(f: RolloutFilter, version: str, within: str | None = None) -> 
 # the table's columns it can be sorted by -> their SQL over the scored rows ``s`` and prompts ``p``
 TABLE_SORTS = {"prompt": "p.text", "completion": "s.text", "reward": "s.reward", "advantage": "s.advantage",
                "correct": "s.correct", "n_tokens": "s.n_tokens", "fork_pos": "s.fork_pos",
-               "created_at": "s.created_at", "turns": "s.n_turns"}
+               "created_at": "s.created_at", "turns": "s.n_turns",
+               # the mismatch summaries (mismatch_summaries_sql), joined as ``mm`` only under these sorts
+               "max_abs_delta": "mm.max_abs_delta", "k3": "mm.k3", "delta_mean": "mm.delta_mean",
+               "geo_ratio": "mm.geo_ratio", "rejected": "mm.rejected"}
+MISMATCH_SORTS = ("max_abs_delta", "k3", "delta_mean", "geo_ratio", "rejected")
 # the sorts that do not depend on rewards, over the rollouts ``ro``: their pages are cut from the rollouts
 # alone, as the newest-first page is, and only the page's groups are scored
 ROLLOUT_SORTS = {k: TABLE_SORTS[k].replace("s.", "ro.") for k in ("prompt", "completion", "correct", "n_tokens",
@@ -188,7 +114,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
     (``count(*) OVER ()``, before the page is cut).
     """
     ctes, cparams = [], []
-    groups, sparams = _whole_group_conditions(f)
+    groups, sparams = whole_group_conditions(f)
     scope, rows, rparams = list(groups), list(groups), list(sparams)  # what is scored; which of those rows are shown
     if f.prompt_contains:
         # contains(), not LIKE: a typed % or _ is a character, not a wildcard; matched once for every scan
@@ -199,7 +125,7 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         # disagree is still scored whole, as without the filter
         scope.append(f"ro.group_id IN (SELECT ro.group_id FROM rollouts ro WHERE {' AND '.join(groups)} "
                      "AND ro.prompt_id IN (SELECT prompt_id FROM matched))")
-    row_conds, row_params = _row_conditions(f)
+    row_conds, row_params = row_conditions(f)
     rows += row_conds
     rparams += row_params
     # a prompt text alone picks rollouts from all over the store: their ids span it (see scoring._scoped_rewards)
@@ -212,12 +138,12 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         order = f"{TABLE_SORTS[column]} {'DESC' if descending else 'ASC'} NULLS LAST, {order}"
     # a page cut from the rollouts first (only its groups are scored) unless its order depends on rewards,
     # every row is asked for, or a reward range is asked under each rollout's latest scoring
-    paged = not scores_scope(f, sort) and not (_has_range(f) and rule_version_id is None)
+    paged = not scores_scope(f, sort) and not (has_range(f) and rule_version_id is None)
     on_scored, wparams = [], []
-    if _has_range(f) and not paged:
-        rng, wparams = _range_sql(f, "s.reward")
+    if has_range(f) and not paged:
+        rng, wparams = range_sql(f, "s.reward")
         on_scored.append(rng)
-    elif _has_range(f):  # one version's total rows in range: a condition on the rows, like correctness
+    elif has_range(f):  # one version's total rows in range: a condition on the rows, like correctness
         if cut is not None:
             # the rows made since the cut, and the reward rows of just those, read through their id range
             ctes.append(f"""recent AS MATERIALIZED (SELECT ro.rollout_id FROM rollouts ro
@@ -283,6 +209,10 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
         where, skip = ["s.rollout_id IN (SELECT rollout_id FROM page)"], 0  # the page holds just its rows
     base, params = scored_rollouts_sql(rule_version_id, cond, sparams, credit, narrow=narrow)
     total = ", count(*) OVER () AS _total" if count and not paged else ""
+    mm, mparams = "", []
+    if sort is not None and sort[0] in MISMATCH_SORTS:  # read only where the order asks for it
+        summaries, mparams = mismatch_summaries_sql(f)
+        mm = f"\n        LEFT JOIN ({summaries}) mm ON mm.rollout_id = s.rollout_id"
     sql = f"""{"WITH " + ", ".join(ctes) if ctes else ""}
         SELECT s.rollout_id, p.text AS prompt, s.text AS completion, s.reward, s.rule_version_id AS version,
                s.advantage, s.correct, s.answer, s.n_tokens, s.finish_reason, r.name AS run,
@@ -290,12 +220,12 @@ def rollout_table_sql(rule_version_id: str | None, f: RolloutFilter, credit: Cre
                s.n_turns, s.n_tool_calls, s.n_tool_errors{total}
         FROM ({base}) s
         JOIN prompts p USING (prompt_id)
-        JOIN runs r USING (run_id)
+        JOIN runs r USING (run_id){mm}
         {"WHERE " + " AND ".join(where) if where else ""}
         ORDER BY {order}
         LIMIT ? OFFSET ?
     """
-    return sql, cparams + params + wparams + [int(f.limit), skip]
+    return sql, cparams + params + mparams + wparams + [int(f.limit), skip]
 
 
 @dataclass(frozen=True)
@@ -334,9 +264,9 @@ def reward_source(store: Store, f: RolloutFilter, rule_version_id: str | None = 
     a total among the rollouts of ``f``'s whole-group conditions. One read of the ``total`` rows (over
     the whole store, that read also counts the rollouts in ``f``'s range: :attr:`RewardSource.n_in_range`;
     for a version asked for, only with ``count``)."""
-    groups, sparams = _whole_group_conditions(f)
-    whole = groups == ["TRUE"] and not f.prompt_contains and not _narrows_rows(f)
-    rng, rparams = _range_sql(f, "rw.value")
+    groups, sparams = whole_group_conditions(f)
+    whole = groups == ["TRUE"] and not f.prompt_contains and not narrows_rows(f)
+    rng, rparams = range_sql(f, "rw.value")
     if rule_version_id is not None:
         n = None
         if whole and count:  # a version's total rows are its rollouts (one each: a version scores a rollout once)
@@ -360,7 +290,7 @@ def reward_source(store: Store, f: RolloutFilter, rule_version_id: str | None = 
 
 def _depends_on_rewards(f: RolloutFilter, sort: tuple[str, bool] | None) -> bool:
     """Whether the rows ``f`` keeps or their order ``sort`` depend on rewards (one version is then read)."""
-    return _has_range(f) or (sort is not None and sort[0] not in ROLLOUT_SORTS)
+    return has_range(f) or (sort is not None and sort[0] not in ROLLOUT_SORTS and sort[0] not in MISMATCH_SORTS)
 
 
 def _cut(store: Store, f: RolloutFilter, version: str | None, n: int) -> datetime | None:
@@ -369,8 +299,8 @@ def _cut(store: Store, f: RolloutFilter, version: str | None, n: int) -> datetim
     ``n``-th newest rollout of the filter's other conditions, or, with a reward range, of the newest
     ``window`` of them (``2·n``, then 8 and 64 times more) once at least ``n`` rollouts made since then
     are in range. None: no such time (fewer rows, or too few in range: every row is then checked)."""
-    groups, sparams = _whole_group_conditions(f)
-    row_conds, row_params = _row_conditions(f)
+    groups, sparams = whole_group_conditions(f)
+    row_conds, row_params = row_conditions(f)
     conds, ctes, head, sparams = groups + row_conds, "", [], sparams + row_params
     if f.prompt_contains:
         ctes = "matched AS MATERIALIZED (SELECT prompt_id FROM prompts WHERE contains(lower(text), lower(?))),"
@@ -378,7 +308,7 @@ def _cut(store: Store, f: RolloutFilter, version: str | None, n: int) -> datetim
         conds.append("ro.prompt_id IN (SELECT prompt_id FROM matched)")
     cond = " AND ".join(conds)
     keep = f"{cond} AND ro.prompt_id IN (SELECT prompt_id FROM prompts) AND ro.run_id IN (SELECT run_id FROM runs)"
-    ranged = _has_range(f) and version is not None
+    ranged = has_range(f) and version is not None
     windows = [max(2 * int(n), REWARD_WINDOW_MIN) * k for k in (1, 8, 64)] if ranged else [int(n)]
     for window in windows:
         rows = store._read(f"""WITH {ctes} _c AS (SELECT 1) SELECT ro.created_at FROM rollouts ro WHERE {cond}
@@ -415,7 +345,7 @@ def _page(store: Store, f: RolloutFilter, rule_version_id: str | None, credit: C
           sort: tuple[str, bool] | None, count: bool, source: RewardSource | None = None) -> pd.DataFrame:
     version, source = _resolved(store, f, rule_version_id, sort, source)
     cut = None
-    if sort is None and not scores_scope(f, sort) and not (_has_range(f) and version is None):
+    if sort is None and not scores_scope(f, sort) and not (has_range(f) and version is None):
         cut = _cut(store, f, version, int(f.limit) + int(offset))
     df = store.df(*rollout_table_sql(version, f, credit, offset, sort, count, cut))
     df.attrs["reward_source"] = source
@@ -437,9 +367,9 @@ def scores_scope(f: RolloutFilter, sort: tuple[str, bool] | None = None) -> bool
     one version, costs less than checking the range row by row). Otherwise the page is cut from the
     rollouts first (correctness, and a reward range over the whole store, are conditions on rows) and
     only its groups are scored."""
-    narrowed = _whole_group_conditions(f)[0] != ["TRUE"] or bool(f.prompt_contains)
+    narrowed = whole_group_conditions(f)[0] != ["TRUE"] or bool(f.prompt_contains)
     return ((sort is not None and sort[0] not in ROLLOUT_SORTS) or f.limit > PAGE_FIRST_MAX
-            or (_has_range(f) and narrowed))
+            or (has_range(f) and narrowed))
 
 
 def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule_version_id: str | None = None,
@@ -455,7 +385,7 @@ def rollout_table_counted(store: Store, f: RolloutFilter = RolloutFilter(), rule
     if "_total" in df.columns:
         total = df.pop("_total")
         return df, (int(total.iloc[0]) if len(df) else None)
-    if source is not None and source.n_in_range is not None and _has_range(f) and version == source.version:
+    if source is not None and source.n_in_range is not None and has_range(f) and version == source.version:
         return df, source.n_in_range
     return df, None
 
@@ -468,13 +398,13 @@ def rollout_table_count(store: Store, f: RolloutFilter = RolloutFilter(), rule_v
     the ``total`` rows in range of the version :func:`reward_source` picks, of the filter's rollouts
     (over the whole store, that read counted them; a version scores a rollout once).
     """
-    conds, params = _whole_group_conditions(f)
-    row_conds, row_params = _row_conditions(f)
+    conds, params = whole_group_conditions(f)
+    row_conds, row_params = row_conditions(f)
     conds, params = conds + row_conds, params + row_params
     if f.prompt_contains:  # contains(), as the table matches: % and _ are characters
         conds.append("contains(lower(p.text), lower(?))")
         params.append(f.prompt_contains.strip())
-    if _has_range(f):
+    if has_range(f):
         source = reward_source(store, f, rule_version_id)
         version = source.version
         if version is None:  # each rollout's latest scoring, and none has a reward: nothing is in range
