@@ -57,6 +57,14 @@ def test_generate_samples_in_the_chosen_precision_and_records_the_engine(store_f
                                    policy_version(str(POLICY_DIR)) + "~bfloat16"]]
     with pytest.raises(ConfigError, match="precision"):
         GenerateConfig(precision="int4").validate()
+    # a branch continues in its parent run's precision
+    from studio.runs.branch import BranchConfig, branch_sync
+
+    rid = store.df("SELECT rollout_id FROM rollouts WHERE n_tokens > 3 LIMIT 1")["rollout_id"][0]
+    br = branch_sync(store, rid, 2, [None], BranchConfig(n=2, seed=1), policy_path=POLICY_DIR)
+    assert br.status == "done", br.error
+    assert store.df("SELECT DISTINCT engine, policy_version FROM rollouts WHERE run_id = ?", [br.run_id]
+                    ).values.tolist() == ro.values.tolist()
 
 
 def test_the_studio_backend_reports_its_engine_and_a_rescore_through_it_records_it(tmp_path, store_factory,

@@ -96,6 +96,7 @@ class BranchPlan:
     agent: bool = False  # the parent's task has tools: the branches continue the agent loop
     prefix_mask: list[bool] | None = None  # agent: the loss mask of the prefix (False on tool-response tokens)
     prefix_turns: list[Turn] | None = None  # agent: the parent's turns (those before the fork are kept)
+    precision: str = "auto"  # the dtype the parent run sampled in: branches continue in it
 
 
 @dataclass
@@ -159,17 +160,15 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
     except PolicyLoadError as exc:
         raise NoPolicyError(f"rollout {rollout_id} names policy {label!r}, which cannot be loaded here: {exc}. "
                             "Attach the policy folder that made it to branch") from None
-    if config.max_new_tokens is None or (agent and config.max_turns is None):
-        try:
-            run_cfg = json.loads(store.scalar("SELECT config FROM runs WHERE run_id = "
-                                              "(SELECT run_id FROM rollouts WHERE rollout_id = ?)",
-                                              [rollout_id]) or "{}")
-        except (TypeError, ValueError):
-            run_cfg = {}
-        if config.max_new_tokens is None:
-            config = replace(config, max_new_tokens=max(int(run_cfg.get("max_new_tokens") or 48), len(toks)))
-        if agent and config.max_turns is None:
-            config = replace(config, max_turns=int(run_cfg.get("max_turns") or 8))
+    try:  # the parent run's settings: its length limits, and the precision it sampled in
+        run_cfg = json.loads(store.scalar("SELECT config FROM runs WHERE run_id = "
+                                          "(SELECT run_id FROM rollouts WHERE rollout_id = ?)", [rollout_id]) or "{}")
+    except (TypeError, ValueError):
+        run_cfg = {}
+    if config.max_new_tokens is None:
+        config = replace(config, max_new_tokens=max(int(run_cfg.get("max_new_tokens") or 48), len(toks)))
+    if agent and config.max_turns is None:
+        config = replace(config, max_turns=int(run_cfg.get("max_turns") or 8))
     if fork_pos + 1 > config.max_new_tokens:
         raise BranchError(f"the fork is at token {fork_pos} but completions stop at {config.max_new_tokens} tokens")
     if config.seed is None:
@@ -180,7 +179,8 @@ def plan_branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int 
                       policy_path=folder if isinstance(folder, str) else Path(folder).expanduser().resolve(),
                       depth=depth, config=config, policy_input=_policy_input(store, parent), agent=agent,
                       prefix_mask=[bool(m) for m in prefix["trained"]] if agent else None,
-                      prefix_turns=_turn_records(turns) if agent else None)
+                      prefix_turns=_turn_records(turns) if agent else None,
+                      precision=str(run_cfg.get("precision") or "auto"))
 
 
 def masked_fork_message(turns: pd.DataFrame, fork_pos: int) -> str:
@@ -263,11 +263,11 @@ async def branch(store: Store, rollout_id: str, fork_pos: int, choices: list[int
     cfg = plan.config
     run_id = start_run(store, "branch", f"branch · {rollout_id} @ {fork_pos}", policy_label(plan.policy_path),
                        task.name, {**asdict(cfg), "parent_rollout_id": rollout_id, "fork_pos": fork_pos,
-                                   "choices": plan.choices, "depth": plan.depth},
+                                   "choices": plan.choices, "depth": plan.depth, "precision": plan.precision},
                        parent_run_id=plan.parent["run_id"])
     result = BranchResult(run_id=run_id, status="running")
     kwargs = {"n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
-              "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k_stats": 5}
+              "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k_stats": 5, "precision": plan.precision}
     try:
         if plan.agent:  # the agent loop continues from the fork: its tools run in the worker's sandbox
             fut = executor.submit(workers.agent_branch_job, str(plan.policy_path), task.spec, plan.policy_input,
