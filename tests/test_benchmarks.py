@@ -37,6 +37,7 @@ FIGURES = {
     "bench_launch": {"launch_to_first_page_s"},
     "bench_load": {"load_p95_ms_n2", "load_errors"},
     "bench_minirun": {"minirun_step_s", "minirun_accuracy_gain_points"},
+    "bench_mismatch": {"mismatch_100m_tokens_s"},
     "bench_minirun --world chat": {"minirun_step_s_chat", "minirun_accuracy_gain_points_chat"},
     "bench_remote": {"remote_vs_local_speed"},
     "bench_rescore": {"rescore_100k_s"},
