@@ -207,3 +207,17 @@ def test_by_step_and_engines(world):
     engines, causes = mismatch.engine_comparison(store, RolloutFilter(group_id=group))
     assert engines[["engine", "train_engine"]].values.tolist() == [["vllm bf16", "fsdp fp32"]]
     assert all(c.name != "stale weights" for c in causes)  # same versions on both sides
+
+
+def test_the_api_reads_mismatch_per_rollout_and_per_token(world):
+    from studio.face.api import Studio, StudioAPIError
+
+    store, toks, group, one = world
+    studio = Studio(store, "sample_data/policy")
+    per = studio.mismatch(rollouts=list(toks["rollout_id"].unique()), correction="verl geometric RS [0.999, 1.001]")
+    assert set(per["rollout_id"]) == set(toks["rollout_id"]) and per["rejected"].dtype == bool
+    assert len(studio.mismatch_tokens(one)) == int((toks["rollout_id"] == one).sum())
+    with pytest.raises(StudioAPIError, match="no rescoring 'nope'"):
+        studio.mismatch(source="nope")
+    with pytest.raises(StudioAPIError, match="unknown correction"):
+        studio.mismatch(correction="tis")

@@ -185,6 +185,33 @@ class Studio(StudioViews):
         self.rollout(rollout_id)
         return queries.tokens(self.store, rollout_id)
 
+    def mismatch(self, run: str | None = None, rollouts: Iterable[str] | None = None, source: str = "",
+                 correction: str | None = None) -> pd.DataFrame:
+        """Training–inference mismatch per rollout (of a run, some rollouts, or the store): ``n``
+        tokens with Δ = train − behaviour log-prob, ``delta_sum``, ``delta_mean``, ``geo_ratio``,
+        ``max_abs_delta``, mean ``k1``/``k2``/``k3`` and ``rejected`` under ``correction`` (a preset
+        name of ``studio.signals.mismatch.PRESETS``). ``source``: ``""`` the stored recomputed
+        log-prob, else a rescoring's policy version (``queries.mismatch.sources``)."""
+        from studio.queries import mismatch
+        from studio.signals.mismatch import PRESETS
+
+        arg_text("run", run)
+        if correction is not None and correction not in PRESETS:
+            raise StudioAPIError(f"unknown correction {short(correction)}; one of {', '.join(PRESETS)}")
+        if source and source not in mismatch.sources(self.store):
+            raise StudioAPIError(f"no rescoring {short(source)} in {self.store.path}; "
+                                 f"one of {', '.join(mismatch.sources(self.store)) or 'none'}")
+        scope = [str(r) for r in rollouts] if rollouts is not None else queries.RolloutFilter(run_id=run)
+        return mismatch.sequence_summaries(self.store, scope, source,
+                                           PRESETS[correction] if correction else None)
+
+    def mismatch_tokens(self, rollout_id: str, source: str = "") -> pd.DataFrame:
+        """One rollout's tokens with both log-probs, Δ, ratio, k3, the rank under each side and entropy."""
+        from studio.queries import mismatch
+
+        self.rollout(rollout_id)
+        return mismatch.rollout_mismatch(self.store, rollout_id, source)
+
     def groups(self, run: str | None = None) -> pd.DataFrame:
         """One row per group: prompt, size, mean reward, accuracy, and whether all rewards are equal."""
         return queries.groups(self.store, arg_text("run", run))
