@@ -1,5 +1,6 @@
-"""A token's hover card in the token strip: the token, its statistics, its top-k alternatives (a
-policy's token), or what it is (a tool response's token: masked, no statistics); and such a masked
+"""A token's hover card in the token strip: the token, its statistics, its mismatch (both log-probs and
+probabilities, Δ, the ratio, the rank under each policy, the correction's verdict) where it has a
+recomputed log-prob, its top-k alternatives (a policy's token), or what it is (a tool response's token: masked, no statistics); and such a masked
 token as the strip draws it, greyed."""
 from __future__ import annotations
 
@@ -25,10 +26,43 @@ def listed(cell) -> list:
     return [] if cell is None or cell is pd.NA or (isinstance(cell, float) and cell != cell) else list(cell)
 
 
+def behaviour_rank(row) -> str:
+    """The sampled token's rank under the sampler from its top-k alternatives ("> k" beyond them)."""
+    ids, lps = listed(row.topk_ids), listed(row.topk_logprobs)
+    if not ids:
+        return "–"
+    if row.token_id not in ids:
+        return f"> {len(ids)}"
+    own = lps[ids.index(row.token_id)]
+    return str(1 + sum(lp > own for lp in lps))
+
+
+def mismatch_html(row, verdict: str | None, bold: bool) -> str:
+    """The card's mismatch lines of a token with Δ: behaviour and train log-prob, probability and rank,
+    Δ and the ratio, the correction's verdict (``verdict``: its words); "" for a token without Δ."""
+    d = getattr(row, "mismatch", None)
+    if d is None or d != d:
+        return ""
+    rank = getattr(row, "train_rank", None)
+    train_rank = "–" if rank is None or rank != rank else str(int(rank))
+    cells = "".join(f'<tr><td class="c-k">{k}</td><td>{esc(num(lp))}</td><td>{esc(num(math.exp(lp)))}</td>'
+                    f'<td>{esc(r)}</td></tr>' for k, lp, r in (("behaviour", row.logprob, behaviour_rank(row)),
+                                                              ("train", row.train_logprob, train_rank)))
+    out = (f'<table class="mm-lp"><tr class="c-k"><td></td><td>log-prob</td><td>p</td><td>rank</td></tr>{cells}</table>'
+           f'<span class="c-row"><span class="c-k">Δ · ratio</span>{"<b>" if bold else "<span>"}{d:+.4f} · '
+           f'{math.exp(d):.4g}{"</b>" if bold else "</span>"}</span>')
+    if verdict:
+        kind = "rejected" if verdict.startswith("in a") else verdict.split()[0]
+        out += (f'<span class="c-row"><span class="c-k">correction</span>'
+                f'<span class="mm-verdict {esc(kind)}">{esc(verdict)}</span></span>')
+    return f'<span class="c-sec mm-card" style="display:block">{out}</span>'
+
+
 def card_html(row, channel: str, value: float | None, alts: list[str] | None, step: int | None,
-              is_fork: bool = False, tried: Fork | None = None) -> str:
+              is_fork: bool = False, tried: Fork | None = None, verdict: str | None = None) -> str:
     """The hover card of one of the policy's tokens: the token, where it is, its log-prob, probability and
-    entropy (the channel's value bold), the values of the branches tried there, its top-k alternatives."""
+    entropy (the channel's value bold), its mismatch where it has Δ (:func:`mismatch_html`, ``verdict``
+    the correction's in words), the values of the branches tried there, its top-k alternatives."""
     p = math.exp(row.logprob) if row.logprob is not None else float("nan")
     rows = []
     ids, lps = listed(row.topk_ids), listed(row.topk_logprobs)
@@ -49,7 +83,8 @@ def card_html(row, channel: str, value: float | None, alts: list[str] | None, st
     lines = "".join(f'<span class="c-row"><span class="c-k">{k}</span>{"<b>" if bold else "<span>"}{esc(v)}'
                     f'{"</b>" if bold else "</span>"}</span>' for k, v, bold in stats)  # keys: fixed, safe text
     return (f'<span class="card"><span class="c-row"><span class="c-tok">{esc(text_of(row).translate(VISIBLE_WS))}</span>'
-            f'<span class="c-k">{esc(where)}</span></span>{lines}{branched_card_html(tried)}'
+            f'<span class="c-k">{esc(where)}</span></span>{lines}{mismatch_html(row, verdict, channel == "mismatch")}'
+            f'{branched_card_html(tried)}'
             f'<table><tr><td class="c-k" colspan="3">top-{len(ids)} alternatives</td></tr>{"".join(rows)}</table></span>')
 
 

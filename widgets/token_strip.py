@@ -10,7 +10,9 @@ correct) or red (wrong) where the task verifies steps. Tokens where the policy w
 judged as its tree's root) carry a ▾; tokens where the rollout's tree has been branched carry
 a ◆ when the branches' values differ by at least ``PIVOTAL_SPREAD`` (pivotal: the choice there
 decides the outcome) and a ◇ otherwise, with the value of each choice in the hover card; the
-legend says both in words, with the numbers. Clicking a token picks it for branching in the
+legend says both in words, with the numbers. Under the ``mismatch`` channel (or the sidebar's
+"mark corrections") the tokens the sidebar's correction clips or drops are underlined
+(:mod:`widgets.mismatch_marks`); a token's card shows its Δ wherever it has one. Clicking a token picks it for branching in the
 fork panel. A rollout imported as text alone shows its text and an *Enrich* action that fills
 its tokens in place."""
 from __future__ import annotations
@@ -27,8 +29,10 @@ import param
 
 from studio import queries
 from studio.queries import credit, forks, lookups
+from studio.queries import mismatch as mismatch_reads
 from studio.signals.advantages import ESTIMATORS
 from studio.signals.forks import Threshold, fork_mask
+from studio.signals.mismatch import Correction
 from studio.signals.steps import aggregate, gated
 from studio.store import StoreError
 from studio.tasks import Prompt, get_task
@@ -49,6 +53,8 @@ from .conversation import (
     task_named,
 )
 from .fork_marks import FORK_CSS, branched_key_html, fork_key_html, tree_forks, tree_key
+from .mismatch_marks import MARK_CLASS, marks_key_html, no_recomputed_html, verdict_text, with_mismatch
+from .mismatch_marks import verdicts as mismatch_verdicts
 from .token_card import card_html, listed, masked_html, text_of
 from .token_text import num, token_display
 
@@ -77,7 +83,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
                step_values: dict[int, float] | None = None,
                step_advantages: dict[int, float] | None = None, rollout_id: str | None = None,
                think: tuple[int, int] | None = None, answer: tuple[int, int] | None = None,
-               explored: dict[int, forks.Fork] | None = None) -> str:
+               explored: dict[int, forks.Fork] | None = None, states: list[str | None] | None = None,
+               correction: Correction | None = None, marked: bool = False) -> str:
     """HTML of a token strip (of ``rollout_id``, named in its ``data-rollout``). Every token and alternative is escaped: shown, never run.
 
     With ``fork_threshold`` set, forking tokens get the ``fork`` class (a ▾ above them);
@@ -91,6 +98,8 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
     ``think`` and ``answer`` are token index ranges (:func:`completion_marks`): the first sits on
     a band labelled "reasoning" (a step box open where it starts or ends moves the band's edge
     to the box's, so the HTML nests), the second is outlined.
+    ``states`` (:func:`widgets.mismatch_marks.verdicts` of ``correction``) puts each token's verdict in
+    its card and, ``marked``, underlines the clipped and dropped ones.
     Tokens the policy did not write (``trained`` False: a tool response's) are greyed, never coloured
     by the channel nor clickable; ``compact`` folds each run of them into one chip.
     """
@@ -138,6 +147,9 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
         tried = explored.get(row.pos)
         if tried is not None:
             cls += " pivot" if tried.pivotal else " branched"
+        verdict = states[i] if states is not None else None
+        if marked and verdict in MARK_CLASS:
+            cls += " " + MARK_CLASS[verdict]
         if picked is not None and row.pos == picked:
             cls += " picked"
         if think is not None and think[0] <= i <= think[1]:
@@ -148,7 +160,7 @@ def strip_html(tokens: pd.DataFrame, channel: str, advantage=None,
             colors[v] = scale.colors(v)
         bg, fg = colors[v]
         card = "" if compact else card_html(row, channel, v, alt_texts[i] if alt_texts else None, step, is_fork[i],
-                                        tried)
+                                        tried, verdict_text(verdict, correction) if verdict else None)
         vtxt = "" if v is None else f"{v:.4f}"
         click = f' data-click="token" data-value="{row.pos}"' if clickable else ""
         parts.append(f'<span class="{cls}" data-pos="{row.pos}" data-channel-value="{vtxt}"{click} '
@@ -207,7 +219,8 @@ def step_verdicts(rollout: dict) -> dict[int, bool | None]:
 SHOWN = ("rollout_id", "channel", "refresh", "fork_pos", "fork_mode", "fork_q", "fork_min", "fork_abs", "fork_scope",
          "table_filter",
          "estimator", "kl_beta", "reference", "gae_gamma", "gae_lam", "value_source", "segmenter", "step_pattern",
-         "step_source", "step_agg", "gate_tau", "rule_version", "turn_source", "turn_norm", "turn_gamma", "turn_gate")
+         "step_source", "step_agg", "gate_tau", "rule_version", "turn_source", "turn_norm", "turn_gamma", "turn_gate",
+         "mismatch_source", "mm_method", "mm_cap", "mm_low", "mm_threshold", "mm_marks")
 
 
 class _Shown(types.SimpleNamespace):
@@ -218,6 +231,7 @@ class _Shown(types.SimpleNamespace):
     segmentation = StudioState.segmentation
     turn_credit = StudioState.turn_credit
     fork_rule = StudioState.fork_rule
+    correction = StudioState.correction
 
     def key(self) -> tuple:
         return ("strip_html",) + tuple(getattr(self, name) for name in SHOWN)
@@ -356,6 +370,15 @@ class TokenStrip(pn.viewable.Viewer):
             return (SCALES[s.channel].legend_html(),
                     f'<div class="empty">Rollout {esc(s.rollout_id)} is not in this store.</div>', "")
         ro, toks, tc, steps = view.rollout, view.tokens, view.credit, view.steps
+        # Δ against the session's source: in every token's card; coloured and marked on request
+        toks = with_mismatch(toks, preloaded(("rollout_mismatch", s.rollout_id, s.mismatch_source, s.refresh),
+                                             lambda: mismatch_reads.rollout_mismatch(s.store, s.rollout_id,
+                                                                                     s.mismatch_source)))
+        has_delta, cor = bool(toks["mismatch"].notna().any()), s.correction()
+        states = mismatch_verdicts(toks["mismatch"].to_numpy(), cor) if has_delta else None
+        marked = s.channel == "mismatch" or s.mm_marks
+        mm_key = marks_key_html(states, cor) if has_delta and marked else (
+            no_recomputed_html(s.mismatch_source) if s.channel == "mismatch" else "")
         thr = self.threshold(ro, s)
         sv, sa, step_line = {}, {}, ""
         if s.step_source:
@@ -439,12 +462,14 @@ class TokenStrip(pn.viewable.Viewer):
             return strip_html(toks.iloc[a:b], s.channel, values, alts[a:b], verdicts,
                               fork_threshold=thr.value, picked=s.fork_pos if s.fork_pos >= 0 else None,
                               clickable=True, steps=steps, step_values=sv, step_advantages=sa, rollout_id=s.rollout_id,
-                              think=_within(think, a, b), answer=_within(answer, a, b), explored=explored)
+                              think=_within(think, a, b), answer=_within(answer, a, b), explored=explored,
+                              states=states[a:b] if states else None, correction=cor, marked=marked)
 
         marks = MARKS_KEY if think is not None or answer is not None else ""
         body = trajectory_html(turns, traj, toks["pos"].to_numpy(), draw) if trajectory \
             else conversation_html(turns, draw())
-        return legend + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note, header, body
+        return (legend + mm_key + fork_key_html(thr, is_branch) + branched_key_html(explored) + marks + est_note,
+                header, body)
 
     def __panel__(self):
         return self._layout

@@ -1,5 +1,5 @@
-"""The value each token of a strip is coloured by: its channel's own column (log-prob, entropy), the
-advantage, or the effective weight of an entropy-masked update (advantage × loss mask × entropy
+"""The value each token of a strip is coloured by: its channel's own column (log-prob, entropy, the
+``mismatch`` column Δ that :func:`widgets.mismatch_marks.with_mismatch` adds), the advantage, or the effective weight of an entropy-masked update (advantage × loss mask × entropy
 mask, 0 on a tool response's tokens: the loss mask). The token strip, the group view's cards and
 the other strips share them."""
 from __future__ import annotations
@@ -42,6 +42,8 @@ def column_values(column: list | None, entropy: list, channel: str, advantage,
             return [0.0 if m else None for m in masked]
         mask = fork_flags(entropy, fork_threshold)
         return [a if f and not m else 0.0 for a, f, m in zip(adv, mask, masked)]
+    if column is None:  # a channel whose column these tokens lack (Δ of a rollout never recomputed): no values
+        return [None] * n
     return [None if missing(v) else float(v) for v in column]
 
 

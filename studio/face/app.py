@@ -102,6 +102,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     from widgets.credit_panel import credit_controls
     from widgets.fork_panel import ForkPanel, fork_controls
     from widgets.generate_panel import GeneratePanel
+    from widgets.mismatch_controls import mismatch_card
     from widgets.rollout_table import RolloutTable
     from widgets.rule_panel import version_picker
     from widgets.runtime import errors, panel_updates
@@ -171,7 +172,9 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
 
     channel = pn.widgets.RadioButtonGroup.from_param(state.param.channel, name="Colour tokens by",
                                                      color="light", sizing_mode="stretch_width",
-                                                     css_classes=["channel-picker"])
+                                                     css_classes=["channel-picker"],
+                                                     # five channels in the sidebar's width
+                                                     stylesheets=[".bk-btn { padding:4px 3px; font-size:12px; }"])
     # in the order of use: which rollouts, what the colours show, then generating more; the
     # settings of one estimator or of forks fold away until wanted
     template.sidebar.extend([
@@ -182,6 +185,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
         pn.Card(fork_controls(state), title="Fork markers", collapsed=True, css_classes=["fork-card"], **group),
         pn.Card(credit_controls(state), title="Advantages & steps", collapsed=True, css_classes=["credit-card"],
                 **group),
+        mismatch_card(state, **group),
         run_code,
     ])
     tabs = LowerTabs(state, can_run=runs_code)

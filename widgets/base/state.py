@@ -1,5 +1,5 @@
 """The state every view of one browser session shares: store, selection, channel, filters,
-fork rule, advantage and step settings.
+fork rule, advantage and step settings, the mismatch source and correction.
 
 Views depend on these parameters; changing one (selecting a row, picking a channel,
 finishing a Generate) re-renders exactly the views that show it. A click reads first, then
@@ -14,6 +14,7 @@ import param
 from studio.queries import RolloutFilter, lookups
 from studio.signals.advantages import ESTIMATORS, Credit
 from studio.signals.forks import DEFAULT_MIN_ENTROPY, DEFAULT_Q, SCOPES, ForkRule
+from studio.signals.mismatch import METHODS, Correction
 from studio.signals.steps import AGGREGATES, SEGMENTERS, Segmenter
 from studio.signals.turns import NORMALISATIONS, TurnCredit
 from studio.store import Store
@@ -76,6 +77,23 @@ class StudioState(Preloading, param.Parameterized):
     turn_gamma = param.Number(default=1.0, bounds=(0.0, 1.0), step=0.05,
                               doc="Discount of later turns in a turn's advantage (1: summed to go, 0: the turn alone).")
     turn_gate = param.Boolean(default=False, doc="G-RA over turns: turn rewards count only when the outcome ≥ τ.")
+
+    mismatch_source = param.String(default="", doc="Recomputed log-probs Δ is taken against ('' = the stored "
+                                                   "tokens.train_logprob, else a token_scores source).")
+    mm_preset = param.String(default="", doc="The correction preset last picked ('' = the fields as set by hand).")
+    mm_method = param.Selector(default="tis", objects=list(METHODS), doc="Correction method (signals.mismatch.METHODS).")
+    mm_cap = param.Number(default=2.0, bounds=(0.0, 1e6), step=0.1,
+                          doc="Correction cap C: TIS truncates the ratio there, MIS/ICEPOP mask above it.")
+    mm_low = param.Number(default=0.0, bounds=(0.0, 1e6), step=0.05, doc="Lower end of the MIS/ICEPOP band.")
+    mm_threshold = param.Number(default=0.0, bounds=(0.0, 1e6), step=0.01,
+                                doc="Rejection threshold of k1/k3/geo-mean/sequence-k3 methods.")
+    mm_marks = param.Boolean(default=False, doc="Mark the tokens the correction clips or drops on every channel "
+                                                "(always on under the mismatch channel).")
+
+    def correction(self) -> Correction:
+        """The correction the sidebar's Mismatch card describes."""
+        return Correction(method=self.mm_method, cap=float(self.mm_cap), low=float(self.mm_low),
+                          threshold=float(self.mm_threshold))
 
     def credit(self) -> Credit:
         return Credit(estimator=self.estimator, beta=float(self.kl_beta), reference=self.reference or None,

@@ -95,6 +95,11 @@ SCALES: dict[str, Scale] = {
                     ("#b2182b", "#ef8a62", "#fddbc7", "#f7f7f7", "#d1e5f0", "#67a9cf", "#2166ac"),
                     "advantage × loss mask × entropy mask: what an 80/20-style update trains on; "
                     "tokens below the fork threshold get 0 (white)"),
+    "mismatch": Scale("mismatch", "Δ = log π_train − log π_behaviour", -1.0, 1.0,
+                      ("#1c4f9c", "#5b8fd6", "#c5d8f2", "#f7f7f7", "#f6c9c4", "#e0685c", "#a51d1d"),
+                      "each token's training–inference mismatch, nats: blue = the trainer gives the token less "
+                      "probability than the sampler, red = more; grey = no Δ (not recomputed, or a tool token)",
+                      fmt="{:+.1f}"),
 }
 
 CHANNELS = list(SCALES)
@@ -193,6 +198,14 @@ a.link, .link { color:var(--accent); cursor:pointer; text-decoration:underline d
 .answer-swatch { display:inline-block; width:14px; height:10px; border:2px solid #1971c2; border-radius:2px;
                  margin-left:8px; }
 .tok.masked { background:#e9ecef; color:#868e96; }
+.mm-clipped { text-decoration:underline dotted #1f2937 2px; text-underline-offset:5px; }
+.mm-masked { text-decoration:underline wavy #c92a2a 1.5px; text-underline-offset:5px; }
+.mm-swatch { font-family:'DejaVu Sans Mono', monospace; font-size:11px; color:#495057; text-underline-offset:1px; }
+.card .c-sec { border-top:1px solid #e9ecef; margin-top:4px; padding-top:3px; }
+.card table.mm-lp { margin:0 0 2px 0; } .card table.mm-lp td { text-align:right; padding:0 3px; }
+.card table.mm-lp td:first-child { text-align:left; padding-left:0; }
+.card .mm-verdict.kept { color:#2b8a3e; } .card .mm-verdict.clipped { color:#1f2937; }
+.card .mm-verdict.masked, .card .mm-verdict.rejected { color:#c92a2a; }
 .tok.masked-run { background:#e9ecef; color:#868e96; border:1px dashed #ced4da; font-size:0.8em; white-space:nowrap;
                   font-family:Inter, 'Segoe UI', system-ui, sans-serif; }
 .convo.trajectory { gap:3px; padding-bottom:60px; }
