@@ -23,6 +23,8 @@ def test_worst_tokens_open_their_rollout_at_the_token_and_show_both_probabilitie
     assert 'data-click="token" data-value="r1:0"' in html and 'data-value="r2:7"' in html
     assert "0.5" in html and "0.151" in html  # p behaviour and p train = 0.5 · e^-1.2
     assert "2␣+␣2␣=" in html  # the tokens before it, in context (spaces shown)
+    twice = mp.worst_html(pd.concat([worst_frame(), worst_frame().assign(rollout_id=["r3", "r4"])]))
+    assert twice.count('class="mm-row"') == 2 and "<td>2</td>" in twice  # one row per token in context, 2 rollouts
 
 
 def test_shares_highlight_the_sidebars_correction_and_say_what_a_method_does_not_do():

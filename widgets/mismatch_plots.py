@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .base.plots import LEGEND_TOP, holoviews, plot_opts, step_ticks
-from .base.style import SCALES, chip, esc
+from .base.style import SCALES, esc
 from .token_text import VISIBLE_WS, num, token_display
 
 DELTA_COLOR = SCALES["mismatch"].stops[-1]  # mean |Δ|: the mismatch scale's own red
@@ -51,9 +51,9 @@ def histogram(hist: pd.DataFrame):
     edges = np.append(hist["lo"].to_numpy(float), float(hist["hi"].iloc[-1]))
     counts = np.where(hist["tokens"].to_numpy(float) > 0, hist["tokens"].to_numpy(float), np.nan)
     top = float(np.nanmax(counts)) if np.isfinite(counts).any() else 1.0
-    plot = hv.Histogram((edges, counts), kdims=["Δ (nats)"], vdims=["tokens"]).opts(
+    plot = hv.Histogram((edges, counts), kdims=["Δ = log π_train − log π_behaviour"], vdims=["tokens"]).opts(
         **plot_opts(color=DELTA_COLOR, line_color="white", logy=True, ylim=(0.5, top * 2),
-                    title="Δ = log π_train − log π_behaviour (log count)"))
+                    title="Δ, nats (log count)"))
     return plot * hv.VLine(0.0).opts(color="#1f2937", line_dash="dotted", line_width=1)
 
 
@@ -102,6 +102,32 @@ def drift(df: pd.DataFrame):
                                               ylabel="nats", **LEGEND_TOP, **step_ticks()))
 
 
+def delta_chip(v: float) -> str:
+    """Δ as a badge in the mismatch channel's colours, to the thousandth of a nat (Δ is often small)."""
+    if v is None or v != v:
+        return '<span class="chip" style="background:#f1f3f5">–</span>'
+    bg, fg = SCALES["mismatch"].colors(v)
+    return f'<span class="chip" style="background:{bg};color:{fg}">{float(v):+.3f}</span>'
+
+
+def small(v: float) -> str:
+    """A value that may be far below 0.001 (a k3 estimate), to two significant digits."""
+    return "–" if v is None or v != v else f"{float(v):.2g}"
+
+
+def distinct_worst(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per token in its context: a group's rollouts share their first tokens, so the same token at
+    the same place with the same Δ would otherwise fill the list; ``rollouts`` counts how many have it."""
+    if df.empty:
+        return df.assign(rollouts=pd.Series(dtype=int))
+    df = df.reset_index(drop=True)
+    key = ["pos", "token_text", "before", df["delta"].round(4).rename("d4")]
+    groups = df.groupby(key, sort=False, dropna=False)
+    out = df.loc[groups.head(1).index].copy()
+    out["rollouts"] = groups["rollout_id"].transform("size").loc[out.index].to_numpy()
+    return out
+
+
 def _context(text: object, keep: int, tail: bool) -> str:
     s = text if isinstance(text, str) else ""
     s = s[-keep:] if tail else s[:keep]
@@ -110,19 +136,20 @@ def _context(text: object, keep: int, tail: bool) -> str:
 
 def worst_html(df: pd.DataFrame, title: str = "Worst tokens") -> str:
     """The worst tokens by |Δ| in context (columns ``rollout_id``, ``pos``, ``token_text``, ``delta``,
-    ``logprob``, ``train_logprob``, ``before``, ``after``); a click opens the rollout at that token."""
+    ``logprob``, ``train_logprob``, ``before``, ``after``), one row per token in its context
+    (:func:`distinct_worst`); a click opens the first rollout with it at that token."""
     if df.empty:
         return f'<div class="empty">{esc(title)}: no Δ in this scope.</div>'
     rows = []
-    for r in df.itertuples(index=False):
+    for r in distinct_worst(df).itertuples(index=False):
         tok = esc(token_display(r.token_text)[0].translate(VISIBLE_WS))
         rows.append(f'<tr class="mm-row" data-click="token" data-value="{esc(r.rollout_id)}:{int(r.pos)}" '
                     f'title="open {esc(r.rollout_id)} at token {int(r.pos)}">'
                     f'<td class="ctx">…{_context(r.before, 14, True)}<b>{tok}</b>{_context(r.after, 10, False)}…</td>'
-                    f'<td>{int(r.pos)}</td><td>{chip(r.delta, SCALES["mismatch"])}</td>'
+                    f'<td>{int(r.pos)}</td><td>{int(r.rollouts)}</td><td>{delta_chip(r.delta)}</td>'
                     f'<td>{num(np.exp(r.logprob))}</td><td>{num(np.exp(r.train_logprob))}</td></tr>')
     return (f'<div class="meta-line"><b>{esc(title)}</b> (by |Δ|; click one to open it in the token strip)</div>'
-            '<table class="mm worst"><tr><th>token in context</th><th>pos</th><th>Δ</th><th>p behaviour</th>'
+            '<table class="mm worst"><tr><th>token in context</th><th>pos</th><th>rollouts</th><th>Δ</th><th>p behaviour</th>'
             '<th>p train</th></tr>' + "".join(rows) + "</table>")
 
 
@@ -154,7 +181,7 @@ def steps_html(df: pd.DataFrame, picked: int | None) -> str:
         return ""
     rows = "".join(f'<tr class="mm-step{" own" if picked == int(r.step) else ""}" data-click="step" '
                    f'data-value="{int(r.step)}"><td>step {int(r.step)}</td><td>{num(r.mean_abs_delta)}</td>'
-                   f'<td>{num(r.k3)}</td><td>{num(r.p99)}</td><td>{int(r.tokens):,}</td></tr>'
+                   f'<td>{small(r.k3)}</td><td>{num(r.p99)}</td><td>{int(r.tokens):,}</td></tr>'
                    for r in df.itertuples(index=False))
     return ('<table class="mm steps"><tr><th>step (click: its worst tokens)</th><th>mean |Δ|</th><th>k3</th>'
             '<th>p99 |Δ|</th><th>tokens</th></tr>' + rows + "</table>")
@@ -168,7 +195,7 @@ def engines_html(engines: pd.DataFrame, causes: list) -> str:
         return ""
     rows = "".join(f'<tr><td class="mono">{esc(r.engine if isinstance(r.engine, str) else "unknown")}</td>'
                    f'<td class="mono">{esc(r.train_engine if isinstance(r.train_engine, str) else "unknown")}</td>'
-                   f'<td>{int(r.rollouts):,}</td><td>{int(r.tokens):,}</td><td>{chip(r.mean_delta, SCALES["mismatch"])}</td>'
+                   f'<td>{int(r.rollouts):,}</td><td>{int(r.tokens):,}</td><td>{delta_chip(r.mean_delta)}</td>'
                    f'<td>{num(r.mean_abs_delta)}</td></tr>' for r in engines.itertuples(index=False))
     found = ("".join(f'<div class="cause"><b>{esc(c.name)}</b>: {esc(c.evidence)}<div class="fix">What to do: '
                      f'{esc(c.fix)}</div></div>' for c in causes)

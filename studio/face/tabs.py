@@ -59,6 +59,7 @@ TABS: tuple[Tab, ...] = (
     Tab("Group view", "group_view", "GroupView", lazy=False, in_api=False),
     Tab("Entropy landscape", "entropy_view", "EntropyLandscape"),
     Tab("Compare policies", "entropy_view", "PolicyCompare", runs_code=True),
+    Tab("Mismatch", "mismatch_panel", "MismatchPanel", runs_code=True),
     Tab("Reward rules", "rule_panel", "RulePanel", runs_code=True),
     Tab("Reward hacking", "hacking_view", "HackingView"),
     Tab("Advantages & steps", "credit_panel", "CreditView", runs_code=True),

@@ -203,6 +203,7 @@ def strip_text(page) -> str:
 
 TAB_MARKERS = {  # each lower tab, and an element only its view draws
     "Group view": ".group-grid", "Entropy landscape": ".landscape-summary", "Compare policies": ".compare-button",
+    "Mismatch": ".mismatch-summary",
     "Reward rules": ".rule-editor", "Reward hacking": ".length-corr", "Advantages & steps": ".ig-button",
     "Mini-runs": ".start-run", "Preference data": ".build-pairs", "Timeline & diff": ".timeline-prompt",
     "Import & enrich": ".import-source", "SQL": ".sql-run",

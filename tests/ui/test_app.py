@@ -58,6 +58,7 @@ def test_page_loads_with_table_legend_and_no_traceback(page):
 
 TABS = {  # each lower tab, and an element only its view draws
     "Group view": ".group-grid", "Entropy landscape": ".landscape-summary", "Compare policies": ".compare-button",
+    "Mismatch": ".mismatch-summary",
     "Reward rules": ".rule-editor", "Reward hacking": ".length-corr", "Advantages & steps": ".ig-button",
     "Mini-runs": ".start-run", "Preference data": ".build-pairs", "Timeline & diff": ".timeline-prompt",
     "Import & enrich": ".import-source", "SQL": ".sql-run",
