@@ -32,9 +32,11 @@ from bokeh.models.widgets.tables import NumberFormatter
 
 from studio import queries
 from studio.queries.lookups import train_steps
+from studio.queries.mismatch import has_recomputed
 from studio.queries.turns import has_trajectories, tools_used
 from studio.store import StoreError
 
+from . import mismatch_columns as mm
 from .base.pickers import run_labels
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
@@ -47,7 +49,7 @@ PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 # the shown columns and the two a click needs (hidden): every column is sent to the browser and
 # taken row by row by Panel on each click, so the page frame holds nothing else
 COLUMNS = ["rollout_id", "prompt", "completion", "turns", "reward", "advantage", "correct", "n_tokens", "fork_pos",
-           "group_id"]
+           *mm.MM_COLUMNS, "group_id"]
 # header titles short enough for their columns; the fixed widths (px) leave the completion the rest of the card
 TITLES = {"reward": "reward", "advantage": "adv.", "correct": "ok", "n_tokens": "len", "fork_pos": "fork"}
 WIDTHS = {"prompt": 74, "turns": 62, "reward": 70, "advantage": 58, "correct": 38, "n_tokens": 44, "fork_pos": 50}
@@ -82,6 +84,9 @@ class RolloutTable(pn.viewable.Viewer):
     reward_range = param.Range(default=(0.0, 1.5), bounds=(0.0, 1.5),
                                doc="Total reward between these values, under one rule version (the note says which).")
     page = param.Integer(default=1, bounds=(1, None), doc="The page of rows shown (newest first).")
+    min_abs_delta = param.Number(default=0.0, bounds=(0.0, None), step=0.1,
+                                 doc="Rollouts whose largest |Δ| is at least this (0: no constraint).")
+    rejected_only = param.Boolean(default=False, doc="Only rollouts the sidebar's sequence-level correction rejects.")
 
     def __init__(self, **params):
         super().__init__(**params)
@@ -91,14 +96,15 @@ class RolloutTable(pn.viewable.Viewer):
             pd.DataFrame(columns=COLUMNS),  # filled by _refresh_choices below
             selectable=1, show_index=False, disabled=True,
             sizing_mode="stretch_width", height=560, layout="fit_columns",
-            hidden_columns=["rollout_id", "group_id", "turns"], titles=TITLES, widths=WIDTHS,
+            hidden_columns=["rollout_id", "group_id", "turns", *mm.MM_COLUMNS], titles={**TITLES, **mm.MM_TITLES},
+            widths={**WIDTHS, **mm.MM_WIDTHS},
             formatters={"reward": NumberFormatter(format="0.000"), "advantage": NumberFormatter(format="+0.000"),
-                        "correct": {"type": "tickCross", "allowEmpty": True}},
+                        "correct": {"type": "tickCross", "allowEmpty": True}, **mm.MM_FORMATTERS},
             # no cell tooltips: Tabulator writes a tooltip's text as HTML, and a completion is model output
             # (tests/ui/test_app.py's hostile rows); a row's whole text is one click away, in the token strip
             configuration={"placeholder": "no rollouts match", "rowHeight": 28, "columnDefaults": {"minWidth": 30},
                            # the page sorted in the browser as the store sorts every row: by the number of turns
-                           "columns": [{"field": "turns", "sorter": "alphanum"}]},
+                           "columns": [{"field": "turns", "sorter": "alphanum"}, *mm.MM_SORT_CONFIG]},
             stylesheets=[TABLE_CSS], header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
@@ -132,6 +138,13 @@ class RolloutTable(pn.viewable.Viewer):
             pn.widgets.RadioButtonGroup.from_param(self.param.tool_failures, name="Tool failures", color="light",
                                                    sizing_mode="stretch_width"),
             visible=False, sizing_mode="stretch_width", margin=0, css_classes=["trajectory-filters"])
+        # shown only when the store holds recomputed log-probs (as is the sidebar's Mismatch card)
+        self._mismatch_filters = pn.Row(
+            pn.widgets.FloatInput.from_param(self.param.min_abs_delta, name="max |Δ| at least", width=130,
+                                             css_classes=["mm-min-delta"]),
+            pn.widgets.Checkbox.from_param(self.param.rejected_only, name="rejected only", margin=(28, 10, 0, 10),
+                                           css_classes=["mm-rejected-only"]),
+            visible=False, sizing_mode="stretch_width", margin=0, css_classes=["mismatch-filters"])
         self._table.param.watch(self._on_select, "selection")
         self._table.param.watch(self._on_sort, "sorters")  # a header click: the store sorts every row, not the page
         self.controls = pn.Column(
@@ -143,6 +156,7 @@ class RolloutTable(pn.viewable.Viewer):
             self._slider,
             self._step_pick,
             self._trajectory_filters,
+            self._mismatch_filters,
             pn.widgets.TextInput.from_param(self.state.param.branches_of, name="Branches of rollout",
                                             placeholder="rollout id (set from the fork panel)",
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
@@ -154,7 +168,7 @@ class RolloutTable(pn.viewable.Viewer):
         self.state.add_preloader(self._preload)
         self._refresh_choices()
 
-    @param.depends("state.refresh", watch=True)
+    @param.depends("state.refresh", "state.channel", watch=True)  # the channel: the mismatch columns or not
     def _refresh_choices(self) -> None:
         """Update run choices and reward bounds from the store, then load the table once
         (the filter changes made here do not each trigger a reload)."""
@@ -183,16 +197,28 @@ class RolloutTable(pn.viewable.Viewer):
         ckey = self._counts_key(f, st.refresh + 1)  # as it will be once the rows are shown
         found[ckey] = self._read_counts(ckey, n_rows)
 
+    def _has_recomputed(self) -> bool:
+        return bool(self.state.preloaded(("has_recomputed",), lambda: has_recomputed(self.state.store)))
+
+    def _mismatch_shown(self) -> bool:
+        """Whether the mismatch columns stand in for reward, advantage, length and fork (mismatch_columns)."""
+        return self.state.channel == "mismatch" and self._has_recomputed()
+
     def _rows_key(self, f: queries.RolloutFilter, page: int) -> tuple:
-        return ("rollout_table", f, self.state.rule_version or None, self.state.credit(), page, self._sort)
+        return ("rollout_table", f, self.state.rule_version or None, self.state.credit(), page, self._sort,
+                self._mismatch_shown())
 
     def _read(self, key: tuple) -> tuple[pd.DataFrame, int | None]:
         """Page ``page`` of the rows under filter ``f``, in the order ``sort``, and how many rows the
-        filter keeps where the page's read counted them (``queries.rollout_table_counted``)."""
-        _, f, rule_version, cr, page, sort = key
+        filter keeps where the page's read counted them (``queries.rollout_table_counted``); with the
+        mismatch columns when shown."""
+        _, f, rule_version, cr, page, sort, mismatch = key
         rows, n_rows = queries.rollout_table_counted(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
                                                      offset=(page - 1) * PAGE_SIZE, sort=sort)
-        return _as_shown(rows), n_rows
+        shown = _as_shown(rows)
+        if mismatch:
+            shown = mm.with_mismatch_columns(self.state.store, shown, f.mismatch_source, f.correction)
+        return shown, n_rows
 
     def _counts_key(self, f: queries.RolloutFilter, refresh: int) -> tuple:
         return ("table_counts", f, self.state.rule_version or None, self.state.credit(), refresh)
@@ -223,7 +249,9 @@ class RolloutTable(pn.viewable.Viewer):
         if self.tool not in self.param.tool.objects:
             self.tool = ANY_TOOL
         self._trajectory_filters.visible = any_trajectory
-        hidden = ["rollout_id", "group_id"] + ([] if any_trajectory else ["turns"])
+        self._mismatch_filters.visible = self._has_recomputed()
+        hidden = ["rollout_id", "group_id"] + ([] if any_trajectory else ["turns"]) + (
+            mm.REPLACED + ["turns"] if self._mismatch_shown() else mm.MM_COLUMNS)
         if hidden != self._table.hidden_columns:
             self._table.hidden_columns = hidden
         current = self._run_ids.get(self.run)
@@ -286,6 +314,8 @@ class RolloutTable(pn.viewable.Viewer):
             min_turns=self.min_turns if self.min_turns > 1 else None,
             tool=None if self.tool == ANY_TOOL else self.tool,
             tool_errors=TOOL_FAILURES[self.tool_failures],
+            mismatch_source=self.state.mismatch_source, correction=mm.sequence_correction(self.state.correction()),
+            min_max_abs_delta=self.min_abs_delta or None, rejected_only=self.rejected_only,
         )
 
     @param.depends("state.jump_run", watch=True)
@@ -301,7 +331,8 @@ class RolloutTable(pn.viewable.Viewer):
     @param.depends("run", "prompt_contains", "correctness", "min_turns", "tool", "tool_failures", "reward_range",
                    "state.branches_of", "state.estimator",
                    "state.kl_beta", "state.reference", "state.gae_gamma", "state.gae_lam", "state.value_source",
-                   "state.train_step", watch=True)
+                   "state.train_step", "min_abs_delta", "rejected_only", "state.mismatch_source", "state.mm_method",
+                   "state.mm_cap", "state.mm_low", "state.mm_threshold", watch=True)
     def _reload(self) -> None:
         """The filter or the scoring changed (or new rows came): show the filter's rows, from its
         first page when the filter itself changed."""

@@ -155,3 +155,26 @@ def test_a_rollout_never_recomputed_says_what_to_do(browser, served):
         wait_text(page, page.locator(".strip-legend"), "Rescore it in the Mismatch tab")
         page.wait_for_selector('.token-strip .strip[data-channel="mismatch"]', timeout=20_000)
         assert rgb(page, 1) == (241, 243, 245)  # no Δ: the neutral grey
+
+
+def test_the_table_sorts_worst_mismatch_first_and_filters_by_it(browser, served):
+    server, ids = served
+    with studio_page(browser, server) as page:
+        page.locator(".channel-picker button", has_text="mismatch").click()
+        header = page.locator('.rollout-table .tabulator-col[tabulator-field="max_abs_delta"]')
+        header.wait_for(state="visible", timeout=20_000)
+        assert not page.locator('.rollout-table .tabulator-col[tabulator-field="reward"]').is_visible()
+        header.click()  # one click: the worst first
+        cells = page.locator(".rollout-table .tabulator-row [tabulator-field=max_abs_delta]")
+        for _ in range(100):
+            if cells.first.inner_text() == "1.200":
+                break
+            page.wait_for_timeout(200)
+        assert cells.nth(0).inner_text() == "1.200" and cells.nth(1).inner_text() == "0.012"
+        page.locator(".rollout-table .tabulator-row").first.click()
+        page.wait_for_selector(f'.token-strip .strip[data-rollout="{ids[0]}"]', timeout=20_000)
+        box = page.locator(".mm-min-delta input")
+        box.fill("0.5")
+        box.press("Tab")
+        wait_text(page, page.locator(".table-count"), "1 of")
+        assert page.locator(".rollout-table .tabulator-row").count() == 1
