@@ -62,3 +62,26 @@ def test_plots_of_an_empty_scope_say_so_instead_of_failing():
                  mp.by_entropy(pd.DataFrame(columns=["entropy", "mean_abs_delta", "tokens"]))):
         assert "no Δ" in plot.opts.get().kwargs["title"].replace("No", "no")
     assert "no Δ" in mp.worst_html(worst_frame().iloc[:0])
+
+
+def test_the_view_reads_the_tables_scope_and_an_empty_one_says_how_to_get_recomputed_log_probs():
+    from sample_data import MISMATCH_RUNS_DIR, ROLLOUTS_DIR
+    from studio import queries
+    from studio.queries import RolloutFilter
+    from studio.store import Store
+    from widgets.base.state import StudioState
+    from widgets.mismatch_panel import MismatchPanel
+
+    store = Store.open(":memory:", seed_dir=[ROLLOUTS_DIR, MISMATCH_RUNS_DIR])
+    state = StudioState(store=store)
+    view = MismatchPanel(state=state, can_run=False)  # a browse-only user
+    view.shown = True
+    assert "tokens with Δ" in view._summary.object and view._body.visible
+    assert not any("rescore-form" in o.css_classes for o in view._layout.objects)  # nothing that starts a model
+    assert "Worst tokens" in view._worst.object and "data-click=\"step\"" in view._steps.object
+    runs = queries.runs(store)
+    plain = runs[~runs["run_id"].isin(store.df("SELECT DISTINCT run_id FROM rollouts WHERE train_engine IS NOT NULL")
+                                      ["run_id"])]["run_id"].iloc[0]
+    state.table_filter = RolloutFilter(run_id=plain)  # the arithmetic world: sampled, never recomputed
+    assert "No recomputed log-probs" in view._summary.object and "Rescore" in view._summary.object
+    assert not view._body.visible

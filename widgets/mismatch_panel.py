@@ -83,8 +83,7 @@ class MismatchPanel(LazyView):
         self._step_job = Job()
         self._summary = pn.pane.HTML("", stylesheets=[CSS], sizing_mode="stretch_width", css_classes=["mismatch-summary"])
         # panes made once and given new plots (see EntropyLandscape: no CDN stylesheets from callbacks)
-        self._panes = [pn.pane.HoloViews(None, sizing_mode="stretch_width", min_height=220,
-                                         styles={"flex": "1 1 240px", "min-width": "0"}) for _ in range(4)]
+        self._panes = [pn.pane.HoloViews(None, sizing_mode="stretch_width", min_height=220) for _ in range(4)]
         self._drift = pn.pane.HoloViews(None, sizing_mode="stretch_width", min_height=230)
         self._worst = self._clickable("mismatch-worst")
         self._steps = self._clickable("mismatch-steps")
@@ -94,7 +93,7 @@ class MismatchPanel(LazyView):
         self._engines = pn.pane.HTML("", stylesheets=[CSS, mp.MISMATCH_CSS], sizing_mode="stretch_width",
                                      css_classes=["mismatch-engines"])
         self._body = pn.Column(
-            pn.FlexBox(*self._panes, flex_wrap="wrap", sizing_mode="stretch_width", css_classes=["mismatch-plots"]),
+            pn.GridBox(*self._panes, ncols=2, sizing_mode="stretch_width", css_classes=["mismatch-plots"]),
             pn.FlexBox(pn.Column(self._worst, styles={"flex": "1 1 460px", "min-width": "0"}),
                        pn.Column(self._shares, styles={"flex": "1 1 380px", "min-width": "0"}),
                        flex_wrap="wrap", sizing_mode="stretch_width"),
@@ -104,6 +103,7 @@ class MismatchPanel(LazyView):
             self._engines, sizing_mode="stretch_width")
         parts = [self._rescore_form()] if can_run else []  # browse-only: nothing that starts a model
         self._layout = pn.Column(*parts, self._summary, self._body, sizing_mode="stretch_width")
+        self._render()  # drawn now when made shown, else when first shown
 
     def _clickable(self, cls: str) -> ClickableHTML:
         pane = ClickableHTML(object="", stylesheets=[CSS, mp.MISMATCH_CSS], sizing_mode="stretch_width",
