@@ -201,7 +201,7 @@ class RolloutTable(pn.viewable.Viewer):
         return bool(self.state.preloaded(("has_recomputed",), lambda: has_recomputed(self.state.store)))
 
     def _mismatch_shown(self) -> bool:
-        """Whether the mismatch columns stand in for reward, advantage, length and fork (mismatch_columns)."""
+        """Whether the mismatch columns stand in for reward, advantage, ok, length and fork (mismatch_columns)."""
         return self.state.channel == "mismatch" and self._has_recomputed()
 
     def _rows_key(self, f: queries.RolloutFilter, page: int) -> tuple:
@@ -466,7 +466,8 @@ def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
     df.attrs["versions_note"] = source.note if source is not None else None
     df.attrs["versions"] = tuple(dict.fromkeys(rows["version"].dropna()))
     df["fork_pos"] = ["" if pd.isna(x) else f"↳ {int(x)}" for x in df["fork_pos"]]  # branches only
-    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "turns"):  # plain objects: Panel's row takes
+    df["rejected"] = ""  # text (✗ where rejected) where the mismatch columns are read
+    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "turns", "rejected"):  # plain objects: Panel's row takes
         df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
     return df
 

@@ -171,6 +171,10 @@ def test_the_table_sorts_worst_mismatch_first_and_filters_by_it(browser, served)
                 break
             page.wait_for_timeout(200)
         assert cells.nth(0).inner_text() == "1.200" and cells.nth(1).inner_text() == "0.012"
+        if os.environ.get("STUDIO_SHOTS"):
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"], "mismatch-table-1280.png"))
+        assert page.evaluate(OVERFLOW) == []
         page.locator(".rollout-table .tabulator-row").first.click()
         page.wait_for_selector(f'.token-strip .strip[data-rollout="{ids[0]}"]', timeout=20_000)
         box = page.locator(".mm-min-delta input")
