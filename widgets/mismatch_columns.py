@@ -14,8 +14,8 @@ from studio.signals.mismatch import Correction
 from studio.store import Store
 
 MM_COLUMNS = ["max_abs_delta", "k3", "delta_mean", "geo_ratio", "rejected"]
-MM_TITLES = {"max_abs_delta": "max|Δ|", "k3": "k3", "delta_mean": "mean Δ", "geo_ratio": "geo r", "rejected": "rej."}  # rej.: ✗ where rejected
-MM_WIDTHS = {"max_abs_delta": 68, "k3": 54, "delta_mean": 72, "geo_ratio": 56, "rejected": 42}
+MM_TITLES = {"max_abs_delta": "max|Δ|", "k3": "k3", "delta_mean": "avg Δ", "geo_ratio": "geo r", "rejected": "rej."}  # rej.: ✗ where rejected
+MM_WIDTHS = {"max_abs_delta": 68, "k3": 52, "delta_mean": 70, "geo_ratio": 56, "rejected": 48}
 MM_FORMATTERS = {"max_abs_delta": NumberFormatter(format="0.000"), "k3": NumberFormatter(format="0.000"),
                  "delta_mean": NumberFormatter(format="+0.000"), "geo_ratio": NumberFormatter(format="0.000"),
                  "rejected": {"type": "plaintext"}}
