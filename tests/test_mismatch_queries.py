@@ -109,7 +109,7 @@ def test_sequence_summaries_match_sequence_stats_and_leave_tool_tokens_out(world
     t = _trained(toks)
     want = sequence_stats(delta(t["train_logprob"], t["logprob"]), t["rollout_id"].to_numpy()).sort_index()
     for scope in (RolloutFilter(group_id=group), list(toks["rollout_id"].unique())):
-        got = mismatch.sequence_summaries(store, scope).set_index("rollout_id")
+        got = mismatch.sequence_summaries(store, scope).set_index("rollout_id").sort_index()
         assert list(got.index) == list(want.index)
         for col in want.columns:
             np.testing.assert_allclose(got[col].to_numpy(float), want[col].to_numpy(float), rtol=1e-5, atol=1e-6)
@@ -123,7 +123,7 @@ def test_rejected_follows_the_sequence_correction(world, c):
     store, toks, group, one = world
     t = _trained(toks)
     stats = sequence_stats(delta(t["train_logprob"], t["logprob"]), t["rollout_id"].to_numpy()).sort_index()
-    got = mismatch.sequence_summaries(store, RolloutFilter(group_id=group), correction=c)
+    got = mismatch.sequence_summaries(store, RolloutFilter(group_id=group), correction=c).sort_values("rollout_id")
     assert got["rejected"].tolist() == sequence_rejected(stats, c).tolist()
 
 
