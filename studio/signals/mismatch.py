@@ -367,6 +367,15 @@ FIRST_MIN = 0.1          # ... and at least this much
 TOOL_RATIO = 3.0         # tool tokens' mean |Δ| against trained tokens'
 
 
+def _versions(names: list[str]) -> str:
+    """A list of policy versions as evidence reads it: all of a few, else the count and the first two.
+
+    >>> _versions(["a@1", "a@2", "a@3"])
+    '3 versions (a@1, a@2, …)'
+    """
+    return ", ".join(names) if len(names) <= 2 else f"{len(names)} versions ({names[0]}, {names[1]}, …)"
+
+
 def diagnose(tokens: pd.DataFrame, behaviour_versions: list[str], train_versions: list[str]) -> list[Cause]:
     """The known causes the data shows, each with its evidence; silent on clean data.
 
@@ -386,7 +395,7 @@ def diagnose(tokens: pd.DataFrame, behaviour_versions: list[str], train_versions
     if b and t and b != t:
         causes.append(Cause(
             "stale weights",
-            f"behaviour policy version(s) {', '.join(b)}; recomputed by {', '.join(t)}",
+            f"sampled by {_versions(b)}; recomputed by {_versions(t)}",
             "sync the sampler's weights before each rollout batch (or, when off-policy by design, "
             "apply a correction: TIS / MIS); compare Δ within one version to separate the engines' own mismatch"))
     if tokens.empty:
