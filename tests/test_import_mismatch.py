@@ -2,7 +2,7 @@
 recomputed one in ``tokens.train_logprob``, who produced each in ``rollouts.engine`` / ``train_engine`` /
 ``train_policy_version``; bad log-prob lists refused per line, the rest imported.
 
-The fixtures (``tests/data/imports/mismatch``, written by its ``make_fixtures.py``) keep each framework's
+The fixtures (``tests/data/imports/mismatch``, written by its ``make_mismatch_fixtures.py``) keep each framework's
 field names: verl ``rollout_log_probs`` / ``old_log_probs``, OpenRLHF ``rollout_log_probs`` /
 ``action_log_probs``, NeMo-RL ``generation_logprobs`` / ``prev_logprobs``, SkyRL ``rollout_logprobs``.
 """

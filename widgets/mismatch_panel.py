@@ -97,9 +97,10 @@ class MismatchPanel(LazyView):
             pn.FlexBox(pn.Column(self._worst, styles={"flex": "1 1 460px", "min-width": "0"}),
                        pn.Column(self._shares, styles={"flex": "1 1 380px", "min-width": "0"}),
                        flex_wrap="wrap", sizing_mode="stretch_width"),
-            pn.FlexBox(pn.Column(self._drift, self._steps, styles={"flex": "1 1 460px", "min-width": "0"}),
-                       pn.Column(self._step_worst, styles={"flex": "1 1 380px", "min-width": "0"}),
-                       flex_wrap="wrap", sizing_mode="stretch_width", css_classes=["mismatch-drift"]),
+            # a grid, as the plots above: a responsive plot in a flex item of min-width 0 drew at width 0
+            pn.GridBox(pn.Column(self._drift, self._steps, sizing_mode="stretch_width"),
+                       pn.Column(self._step_worst, sizing_mode="stretch_width"),
+                       ncols=2, sizing_mode="stretch_width", css_classes=["mismatch-drift"]),
             self._engines, sizing_mode="stretch_width")
         parts = [self._rescore_form()] if can_run else []  # browse-only: nothing that starts a model
         self._layout = pn.Column(*parts, self._summary, self._body, sizing_mode="stretch_width")

@@ -73,13 +73,13 @@ def _bars(df: pd.DataFrame, key: str, title: str, xlabel: str):
     hv = holoviews()
     frame = df.assign(**{key: df[key].astype(str)})
     return hv.Bars(frame, (key, xlabel), ["mean_abs_delta", "tokens"]).opts(
-        **plot_opts(color=DELTA_COLOR, title=title, ylabel="mean |Δ|, nats", xrotation=30))
+        **plot_opts(color=DELTA_COLOR, title=title, ylabel="mean |Δ|, nats", xrotation=30, yformatter="%.3g"))
 
 
 def by_entropy(df: pd.DataFrame):
     """Mean |Δ| by the token's entropy (columns ``entropy`` (a bin label), ``mean_abs_delta``, ``tokens``):
     the forking tokens, where the policy was unsure, carry most of the mismatch."""
-    return _bars(df, "entropy", "Mean |Δ| by entropy (forking tokens)", "entropy bin, nats")
+    return _bars(df, "entropy", "Mean |Δ| by entropy (forking tokens)", "entropy decile (upper edge), nats")
 
 
 def by_frequency(df: pd.DataFrame):

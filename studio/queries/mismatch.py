@@ -193,15 +193,16 @@ def delta_by_position(store: Store, scope: Scope, source: str = "", bins: int = 
 
 
 def delta_by_entropy(store: Store, scope: Scope, source: str = "", bins: int = ENTROPY_BINS) -> pd.DataFrame:
-    """Mean |Δ| per entropy quantile bin: ``entropy`` (label "lo–hi" nats), ``mean_abs_delta``, ``tokens``.
-    The forking, high-entropy tokens are the last bins."""
+    """Mean |Δ| per entropy quantile bin: ``entropy`` (label "≤ hi", the bin's upper edge in nats, two significant
+    digits: the bins are contiguous), ``mean_abs_delta``, ``tokens``. The forking, high-entropy tokens are the
+    last bins."""
     rows, params = token_rows_sql(scope, source)
     df = store.df(f"""
         WITH x AS (SELECT entropy, abs(d) AS a, ntile({int(bins)}) OVER (ORDER BY entropy) AS k
                    FROM ({rows}) WHERE d IS NOT NULL AND entropy IS NOT NULL)
         SELECT k, min(entropy) AS lo, max(entropy) AS hi, avg(a) AS mean_abs_delta, count(*) AS tokens
         FROM x GROUP BY k ORDER BY k""", params)
-    df.insert(0, "entropy", [f"{lo:.3g}–{hi:.3g}" for lo, hi in zip(df["lo"], df["hi"])])
+    df.insert(0, "entropy", [f"≤ {hi:.2g}" for hi in df["hi"]])
     return df[["entropy", "mean_abs_delta", "tokens"]]
 
 
