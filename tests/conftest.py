@@ -61,3 +61,17 @@ def empty_store():
     store = open_store()
     yield store
     store.close()
+
+
+@pytest.fixture()
+def minirun_store(tmp_path):
+    """A new store for mini-runs; the runs still live at the end are stopped before it closes."""
+    from studio.runs import minirun
+    from studio.store import Store
+
+    s = Store.open(tmp_path / "studio.duckdb")
+    yield s
+    for st in minirun.live_runs():
+        minirun.stop(st.run_id)
+        minirun.wait(st.run_id, 60)
+    s.close()

@@ -153,13 +153,8 @@ def test_config_is_checked_and_names_every_problem():
 # ---------------------------------------------------------------------------- real runs
 
 @pytest.fixture()
-def store(tmp_path):
-    s = Store.open(tmp_path / "studio.duckdb")
-    yield s
-    for st in minirun.live_runs():
-        minirun.stop(st.run_id)
-        minirun.wait(st.run_id, 60)
-    s.close()
+def store(minirun_store):
+    return minirun_store
 
 
 def _steps_are_whole(store, run_id: str, per_step: int) -> list[int]:

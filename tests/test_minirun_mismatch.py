@@ -96,13 +96,8 @@ def test_step_metrics_on_literal_deltas():
 # ---------------------------------------------------------------------------- a real run
 
 @pytest.fixture()
-def store(tmp_path):
-    s = Store.open(tmp_path / "studio.duckdb")
-    yield s
-    for st in minirun.live_runs():
-        minirun.stop(st.run_id)
-        minirun.wait(st.run_id, 60)
-    s.close()
+def store(minirun_store):
+    return minirun_store
 
 
 def test_a_bfloat16_sampler_stores_both_log_probs_and_the_tis_metrics_match_them(store):
