@@ -61,6 +61,6 @@ def test_views_are_panel_outputs_with_resources_inline(executed):
 def test_walkthrough_results(executed):
     out = {c.source.splitlines()[0]: c.outputs for c in executed.cells if c.cell_type == "code"}
     text = lambda o: "".join(x.get("text", "") or x.get("data", {}).get("text/plain", "") for x in o)
-    assert "1,216 rollouts" in text(out["import studio"])  # the embedded default: the three sample worlds
+    assert "1,728 rollouts" in text(out["import studio"])  # the embedded default: the four sample worlds
     assert "('done', 8," in text(out['res = s.generate(["Q: 23+48-7=", "Q: 91-35+12="], group_size=4, seed=1)'])
     assert "wrote" in text(out["import tempfile, pathlib"]) and '"chosen"' in text(out["import tempfile, pathlib"])

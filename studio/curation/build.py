@@ -70,7 +70,8 @@ def _scope(scope: queries.RolloutFilter | None, run_ids: Iterable[str] | None,
         params.append(run_ids)
         desc["run_ids"] = run_ids
     if scope is not None:
-        desc.update({k: v for k, v in asdict(scope).items() if v is not None and k != "limit"})
+        unset = asdict(queries.RolloutFilter())  # the scope is described by what it sets
+        desc.update({k: v for k, v in asdict(scope).items() if v != unset[k] and k != "limit"})
         simple = {"run_id": "ro.run_id = ?", "group_id": "ro.group_id = ?", "train_step": "ro.train_step = ?"}
         for name, cond in simple.items():
             if getattr(scope, name) is not None:
