@@ -98,8 +98,12 @@ def branch_rows(blk) -> list[list[str]]:
 def comps(page, blk) -> list[dict]:
     """Every completion listed under a fork block (the list unfolded first, as a person does)."""
     details = blk.locator("details.comps")
-    if details.get_attribute("open") is None:
-        details.locator("summary").click()
+    for _ in range(10):  # a tree redrawn after the click (a busy machine) comes back folded: unfold it again
+        if details.get_attribute("open") is None:
+            details.locator("summary").click()
+        if blk.locator(".comp").first.is_visible():
+            break
+        page.wait_for_timeout(1000)
     expect(blk.locator(".comp").first).to_be_visible()
     out = []
     for c in blk.locator(".comp").all():

@@ -86,6 +86,7 @@ def test_a_mini_run_from_the_rule_panel_to_the_table(browser, server):
         assert page.locator(".compare-policy input").input_value().endswith("step-00004")
         # a second run is drawn over the first: its curves start beside the previous run's, not on a blank
         page.locator(".lower-tabs .bk-tab", has_text="Mini-runs").click()
+        set_input(page, ".cfg-steps", 200)  # long enough that Stop, not the last step, ends it on a busy machine
         page.locator(".run-name input").fill("ui run two")
         page.locator(".run-name input").press("Enter")
         page.wait_for_timeout(300)
