@@ -242,3 +242,11 @@ def test_diagnose_names_tool_tokens_and_stale_weights():
     assert set(causes) == {"masked tool tokens included", "stale weights"}
     assert "15 tool" in causes["masked tool tokens included"].evidence
     assert "p@step3" in causes["stale weights"].evidence
+
+
+def test_the_same_weights_in_another_precision_or_behind_a_backend_are_not_stale():
+    """A bf16 Rescore (`~bfloat16`) or a backend (`<url>#`) of the sampler's own weights is not stale weights."""
+    d = [np.zeros(25)]
+    sampled = ["http://gpu:8000#policy@562503e564"]
+    assert diagnose(_tokens(d, [[True] * 25]), sampled, ["policy@562503e564~bfloat16"]) == []
+    assert [c.name for c in diagnose(_tokens(d, [[True] * 25]), sampled, ["policy@0000000000"])] == ["stale weights"]

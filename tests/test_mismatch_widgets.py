@@ -132,3 +132,22 @@ def test_the_sidebar_card_sets_the_correction_from_a_preset_and_back_to_custom(s
     twins = [n for n, c in PRESETS.items() if list(PRESETS.values()).count(c) > 1]
     preset.value = twins[-1]
     assert state.mm_preset == twins[-1] and preset.value == twins[-1]
+
+
+def test_sidebar_fields_that_make_no_correction_keep_the_last_one_and_say_why(seeded_store):
+    """A cap edited to 0, or a band whose low end passes the cap, never breaks the strip, the table or the tab:
+    the last correction the fields made stays in use, and the card says what is wrong."""
+    from widgets.base.state import StudioState
+    from widgets.mismatch_controls import mismatch_controls
+
+    state = StudioState(store=seeded_store)
+    controls = mismatch_controls(state)
+    state.param.update(mm_method="icepop", mm_cap=5.0, mm_low=0.5)
+    good = state.correction()
+    assert state.correction_problem() == ""
+    state.mm_cap = 0.3  # below the band's low end
+    assert state.correction() == good and "low" in state.correction_problem()
+    formula = next(w for w in controls.select() if "mm-formula" in (w.css_classes or []))
+    assert "banner error" in formula.object and "stays in use" in formula.object
+    state.mm_cap = 6.0
+    assert state.correction().cap == 6.0 and state.correction_problem() == ""

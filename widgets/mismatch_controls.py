@@ -49,9 +49,11 @@ def mismatch_controls(state: StudioState) -> pn.Column:
         source.value = state.mismatch_source if state.mismatch_source in opts.values() else ""
 
     def show(*_):  # the formula of the method, and the preset the fields are (custom once edited)
-        c = state.correction()
+        c, problem = state.correction(), state.correction_problem()
         formula.object = (f'<div class="legend"><span class="lg-help">{esc(c.describe())}: '
-                          f'{esc(METHODS.get(c.method, ""))}</span></div>')
+                          f'{esc(METHODS.get(c.method, ""))}</span></div>' +
+                          (f'<div class="banner error">{esc(problem)}; {esc(c.describe())} stays in use</div>'
+                           if problem else ""))
         name = preset_named(c, state.mm_preset)
         state.mm_preset = name
         preset.value = name or CUSTOM

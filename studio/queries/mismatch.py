@@ -89,7 +89,8 @@ def mismatch_sources(store: Store, run_id: str | None = None) -> pd.DataFrame:
         SELECT s.policy_version AS source, s.policy_version, s.engine,
                count(DISTINCT s.rollout_id) AS rollouts, count(*) AS tokens
         FROM token_scores s JOIN rollouts ro ON ro.rollout_id = s.rollout_id
-        WHERE s.logprob IS NOT NULL {run}
+             JOIN tokens t ON t.rollout_id = s.rollout_id AND t.pos = s.pos
+        WHERE s.logprob IS NOT NULL AND t.logprob IS NOT NULL AND coalesce(t.trained, true) {run}
         GROUP BY ALL ORDER BY s.policy_version, s.engine""", params)
     return pd.concat([stored, scored], ignore_index=True)
 
@@ -136,10 +137,10 @@ def sequence_summaries_sql(scope: Scope, source: str = "",
     """SQL of :func:`sequence_summaries` and its values."""
     rows, params = token_rows_sql(scope, source)
     rejected = rejected_sql(correction) if correction is not None else "false"
-    sql = f"""SELECT rollout_id, *, {rejected} AS rejected FROM (
+    sql = f"""SELECT *, {rejected} AS rejected FROM (
                  SELECT rollout_id, {sequence_aggregates_sql('d')} FROM ({rows}) x
                  WHERE d IS NOT NULL GROUP BY rollout_id)"""
-    return sql.replace("SELECT rollout_id, *,", "SELECT *,", 1), params
+    return sql, params
 
 
 def sequence_summaries(store: Store, scope: Scope, source: str = "",

@@ -367,6 +367,16 @@ FIRST_MIN = 0.1          # ... and at least this much
 TOOL_RATIO = 3.0         # tool tokens' mean |Δ| against trained tokens'
 
 
+def weights_of(version: str) -> str:
+    """The weights a policy version names, without how they ran: a backend's ``<url>#`` and a precision's
+    ``~<dtype>`` are dropped (the same weights in bfloat16 or behind a URL are not stale).
+
+    >>> weights_of("http://gpu:8000#policy@562503e564~bfloat16"), weights_of("run_x@3")
+    ('policy@562503e564', 'run_x@3')
+    """
+    return version.rsplit("#", 1)[-1].split("~", 1)[0]
+
+
 def _versions(names: list[str]) -> str:
     """A list of policy versions as evidence reads it: all of a few, else the count and the first two.
 
@@ -387,12 +397,12 @@ def diagnose(tokens: pd.DataFrame, behaviour_versions: list[str], train_versions
       — the first token's log-prob computed without the sampling temperature.
     - masked tool tokens included: tokens with ``trained`` false carry Δ, mean |Δ| ≥ 3× the
       trained tokens' (and ≥ 0.1).
-    - stale weights: the behaviour and train policy versions differ.
+    - stale weights: the behaviour and train policy versions name different weights (:func:`weights_of`).
     """
     causes: list[Cause] = []
     b = sorted({v for v in behaviour_versions if v})
     t = sorted({v for v in train_versions if v})
-    if b and t and b != t:
+    if b and t and {weights_of(v) for v in b} != {weights_of(v) for v in t}:
         causes.append(Cause(
             "stale weights",
             f"sampled by {_versions(b)}; recomputed by {_versions(t)}",

@@ -268,7 +268,8 @@ def generation_rows(run_id: str, task: Task, prompts: list[Prompt], gens: list[G
         tok_cols["train_logprob"] += ([None] * T if gen.train_logprobs is None else
                                       [float(v) if m else None for v, m in zip(gen.train_logprobs.tolist(), mask,
                                                                                 strict=True)])
-        tok_cols["train_rank"] += [None] * T if gen.ranks is None else [int(v) for v in gen.ranks.tolist()]
+        tok_cols["train_rank"] += ([None] * T if gen.ranks is None or gen.train_logprobs is None else
+                                   [int(v) if m else None for v, m in zip(gen.ranks.tolist(), mask, strict=True)])
     tokens = pa.table({
         "rollout_id": pa.array(tok_cols["rollout_id"], pa.string()),
         "pos": pa.array(tok_cols["pos"], pa.int32()),

@@ -91,9 +91,22 @@ class StudioState(Preloading, param.Parameterized):
                                                 "(always on under the mismatch channel).")
 
     def correction(self) -> Correction:
-        """The correction the sidebar's Mismatch card describes."""
-        return Correction(method=self.mm_method, cap=float(self.mm_cap), low=float(self.mm_low),
-                          threshold=float(self.mm_threshold))
+        """The correction the sidebar's Mismatch card describes. Fields that make none (a cap of 0, a band whose
+        low end is above its cap) leave the last one that did, and :meth:`correction_problem` says why: the
+        strip, the table and the Mismatch tab keep drawing."""
+        try:
+            c = Correction(method=self.mm_method, cap=float(self.mm_cap), low=float(self.mm_low),
+                           threshold=float(self.mm_threshold))
+        except ValueError as exc:
+            self._correction_problem = str(exc)
+            return getattr(self, "_last_correction", Correction())
+        self._correction_problem, self._last_correction = "", c
+        return c
+
+    def correction_problem(self) -> str:
+        """Why the Mismatch card's fields make no correction ('' when they make one)."""
+        self.correction()
+        return self._correction_problem
 
     def credit(self) -> Credit:
         return Credit(estimator=self.estimator, beta=float(self.kl_beta), reference=self.reference or None,
