@@ -28,7 +28,10 @@ For each policy and dtype it checks, and prints a line per check (``[ok]`` / ``[
    with the studio extension (``studio.stats``, ``logprobs``) whose tokens equal the local
    sampler's for that seed; then ``backends.remote.RemotePolicy`` against it: ``sample``,
    ``branch`` and ``score`` equal the local policy's.
-6. A training step with ``backends.trainer``: ``micro_batches`` + ``backward`` (``policy_loss``)
+6. Issue 33's precision mismatch (fp32 cases): the same folder loaded with
+   ``precision="bfloat16"`` samples; the float32 policy scores those tokens; Δ = log π_fp32 −
+   log π_bf16 is small but not zero (figures ``cuda_mismatch_bf16_vs_fp32_{mean,max}_abs_delta_<model>``).
+7. A training step with ``backends.trainer``: ``micro_batches`` + ``backward`` (``policy_loss``)
    + ``grad_norm`` + an AdamW step on freshly sampled completions (loss and gradient finite).
 
 Policies: the sample policy (``sample_data/policy``), the sample chat policy
@@ -599,6 +602,32 @@ def check_train(rep: Report, case: str, dt: str, model_label: str, policy, promp
     rep.figure(f"cuda_train_step_s_{dt}_{model_label}", round(step_s, 4), "s")
 
 
+def check_precision_mismatch(rep: Report, case: str, model_label: str, folder: Path, policy, prompts,
+                             new_tokens: int, seed: int, device: str):
+    """Issue 33's two engines on one GPU: sample with the folder loaded in bfloat16
+    (``load_policy(..., precision="bfloat16")``), teacher-force the same tokens with the float32
+    policy, and report Δ = log π_fp32 − log π_bf16 per token (small but not zero)."""
+    import numpy as np
+
+    from backends.policy import load_policy
+
+    lo = load_policy(str(folder), device, precision="bfloat16")
+    p = next(lo.model.parameters())
+    gens = lo.sample(prompts, n=2, temperature=1.0, max_new_tokens=new_tokens, seed=seed, top_k_stats=TOPK)
+    ref = policy.score([g.prompt for g in gens], [g.token_ids.tolist() for g in gens], top_k_stats=TOPK)
+    d = np.concatenate([np.asarray(r.logprobs, dtype=np.float64) - np.asarray(g.logprobs, dtype=np.float64)
+                        for g, r in zip(gens, ref)])
+    mean_abs, max_abs = float(np.abs(d).mean()), float(np.abs(d).max())
+    rep.check(f"{case}: bf16-sampled, fp32-scored Δ small but non-zero",
+              p.dtype.is_floating_point and str(p.dtype) == "torch.bfloat16" and 0 < mean_abs < 0.1
+              and np.isfinite(d).all(),
+              f"{d.size} tokens; mean |Δ| {mean_abs:.2e}, max |Δ| {max_abs:.2e}, mean Δ {d.mean():+.2e} "
+              f"(sampler {p.dtype} on {p.device})")
+    rep.figure(f"cuda_mismatch_bf16_vs_fp32_mean_abs_delta_{model_label}", round(mean_abs, 6), "nats")
+    rep.figure(f"cuda_mismatch_bf16_vs_fp32_max_abs_delta_{model_label}", round(max_abs, 6), "nats")
+    del lo
+
+
 def run_case(rep: Report, args, model_label: str, folder: Path, dt: str, device: str) -> None:
     import torch
 
@@ -633,6 +662,9 @@ def run_case(rep: Report, args, model_label: str, folder: Path, dt: str, device:
         rep.figure(f"cuda_logprob_sample_vs_score_max_abs_diff_{dt}_{model_label}", round(lp_diff, 6), "nats")
         rep.section(f"{case}: branch", check_branch, rep, case, policy, gens, min(new_tokens, 32), args.seed, tol,
                     vocab)
+    if dt == "fp32":
+        rep.section(f"{case}: bf16 sampler vs fp32 scorer", check_precision_mismatch, rep, case, model_label,
+                    folder, policy, prompts[:k], min(new_tokens, 64), args.seed, device)
     rep.section(f"{case}: speed vs generate", check_speed, rep, case, dt, model_label, policy, prompts, new_tokens,
                 args.reps, args.seed, device)
     rep.section(f"{case}: HTTP backend + RemotePolicy", check_server, rep, case, folder, policy, prompts, args.seed,
