@@ -321,7 +321,7 @@ def test_a_schema_1_store_is_migrated_and_keeps_its_rows(tmp_path):
         cur.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     s.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "10"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "11"
     assert s.scalar("SELECT count(*) FROM token_scores") == 0
     assert s.scalar("SELECT count(*) FROM import_files") == 0
     assert s.scalar("SELECT count(enriched_by) FROM rollouts") == 0

@@ -1,6 +1,13 @@
-"""The DuckDB store: one owner process, parameterised SQL, a cursor per call.
+"""The DuckDB store: parameterised SQL, a cursor per call, over one of two kinds of storage.
 
-The process that opens a :class:`Store` owns the file; workers hand it results as
+A **file** store is one DuckDB file (or ``:memory:``) that one process opens at a time. A
+**shared** store is a DuckLake (``studio.store.lake``): a catalog in SQLite or PostgreSQL and the
+data as Parquet files, which many processes open at once; a write takes the store's write lock
+where the catalog needs one (``studio.store.writelock``), and each process marks its own commits
+so pages can tell another process's rows from its own (:meth:`Store.change_mark`). Nothing above
+this package knows which kind it runs on.
+
+The process that opens a file :class:`Store` owns the file; workers hand it results as
 DataFrames/Arrow tables and :meth:`Store.write` inserts them in one transaction, so a
 crash mid-write leaves nothing half-written. A new store is built next to its final path
 and renamed into place, so an interrupted seed never leaves a half-seeded file.
@@ -11,11 +18,10 @@ folder ``<store file>.shards/`` beside the file (``token_shards`` lists them); t
 """
 from __future__ import annotations
 
-import heapq
 import json
 import os
+import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,23 +31,14 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from studio.errors import NOT_DONE, StudioError
-from studio.store import schema
+from studio.store import lake, schema
+from studio.store.errors import QueryTimeout as QueryTimeout
+from studio.store.errors import StoreError
+from studio.store.token_view import STRAY_SHARD_AGE_S as STRAY_SHARD_AGE_S
+from studio.store.token_view import TokenView
 from studio.store.verdicts import fill_verdicts
-
-# a file in the shard folder that no shard lists is deleted on open once untouched this long: an
-# import writing it touches it every row group, one killed before its commit never again
-STRAY_SHARD_AGE_S = 600
-
-
-class StoreError(StudioError, RuntimeError):
-    """The store cannot be opened or written; the message says why and what to do."""
-
-
-class QueryTimeout(StoreError):
-    """A read ran past its time limit and was interrupted (the store is unchanged)."""
-
-    exit_code = NOT_DONE
+from studio.store.watchdog import _WATCHDOG
+from studio.store.writelock import WriteLock
 
 
 def default_query_timeout() -> float:
@@ -58,68 +55,58 @@ def default_db_path() -> Path:
     return base / "rollout-studio" / "studio.duckdb"
 
 
-class _Watchdog:
-    """One thread that interrupts reads past their time limit (a timer thread per read cost
-    ~10 ms to start on a busy machine: more than a page of the table takes to read)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int]] = []
-        self._live: dict[int, Any] = {}  # token -> cursor of a read still running (released reads drop theirs)
-        self._seq = 0
-        self._thread: threading.Thread | None = None
-
-    def watch(self, cursor, limit_s: float) -> int:
-        with self._cond:
-            self._seq += 1
-            heapq.heappush(self._heap, (time.monotonic() + limit_s, self._seq))
-            self._live[self._seq] = cursor
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="store-watchdog", daemon=True)
-                self._thread.start()
-            if self._heap[0][1] == self._seq:
-                # the earliest deadline now: wake the thread to wait for it. Otherwise the thread already
-                # wakes no later than this read's limit (a wake-up per read, hundreds a second under
-                # load, made every page wait on this thread for the GIL)
-                self._cond.notify()
-            return self._seq
-
-    def release(self, token: int) -> None:
-        with self._cond:
-            self._live.pop(token, None)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._live:
-                    heapq.heappop(self._heap)  # finished in time
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                deadline, token = self._heap[0]
-                wait = deadline - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-                self._live.pop(token).interrupt()  # under the lock: release() cannot have run, the read is still going
 
 
-_WATCHDOG = _Watchdog()
+OWNER = f"{socket.gethostname()}:{os.getpid()}"  # what this process writes into runs.owner and its commits
 
 
-class Store:
-    """A rollout store in one DuckDB file (or ``:memory:``).
+def exists(path: str | Path) -> bool:
+    """True when there is a store (a file, a shared store's folder, a team catalog's URL) at ``path``."""
+    if str(path) == ":memory:" or lake.is_shared(path):
+        return True
+    try:
+        return Path(path).expanduser().exists()
+    except RuntimeError as exc:  # "~user/..." for a user that does not exist
+        raise StoreError(f"cannot open {path}: {exc}") from None
+
+
+class Store(TokenView):
+    """A rollout store: one DuckDB file, ``:memory:``, or a shared DuckLake.
 
     Use :meth:`open` rather than the constructor: it creates, seeds and checks the schema.
+    ``kind`` is ``"memory"``, ``"file"`` or ``"shared"``.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str):
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, kind: str = "file",
+                 spec: lake.LakeSpec | None = None):
         self._con = con
         self.path = path
+        self.kind = "memory" if path == ":memory:" else kind
+        self.spec = spec
         self._write_lock = threading.Lock()
+        # across processes too, where the catalog is a SQLite file (studio.store.writelock)
+        self._file_lock = WriteLock(path) if spec is not None and spec.catalog.startswith("sqlite:") else None
         self._sharded = False  # the store lists token shards (see tokens_between)
         self.query_timeout_s = default_query_timeout()
+
+    @property
+    def shared(self) -> bool:
+        return self.kind == "shared"
+
+    @property
+    def home(self) -> Path:
+        """The local folder where the studio keeps what belongs beside this store (mini-run
+        checkpoints, uploads): the file's folder, a shared store's own folder, or for a team
+        catalog named by URL the folder of the embedded default."""
+        if self.kind == "memory" or self.path.startswith(("postgresql://", "postgres://")):
+            return default_db_path().parent
+        return Path(self.path) if self.shared else Path(self.path).expanduser().resolve().parent
+
+    def describe(self) -> str:
+        """One line: the kind of store and where it is (no credentials)."""
+        if not self.shared:
+            return "in memory" if self.kind == "memory" else f"file {self.path}"
+        return f"shared store {self.path} (catalog {self.spec.catalog.split(':')[0]}, data {self.spec.data_path or 'kept by the catalog'})"
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
@@ -131,6 +118,8 @@ class Store:
             StoreError: the file is not a DuckDB file, is locked by another process, or was
                 written by a newer version of the studio. The file is left untouched.
         """
+        if lake.is_shared(path):
+            return cls._open_shared(path, seed_dir)
         if str(path) == ":memory:":
             store = cls(duckdb.connect(":memory:"), ":memory:")
             store._create()
@@ -161,7 +150,7 @@ class Store:
         Raises:
             StoreError: there is no store at ``path``, or :meth:`open` refuses it.
         """
-        if str(path) != ":memory:" and not Path(path).expanduser().exists():
+        if not exists(path):
             raise StoreError(f"there is no studio store at {path}; give the path of one with --db")
         return cls.open(path)
 
@@ -181,156 +170,115 @@ class Store:
             con.close()
         tmp.replace(path)
 
-    def _create(self) -> None:
-        with self.transaction() as cur:
-            for stmt in schema.ddl():
-                cur.execute(stmt)
-            cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
+    def _create(self, cur: duckdb.DuckDBPyConnection | None = None) -> None:
+        if cur is None:
+            with self.transaction() as c:
+                return self._create(c)
+        for stmt in schema.ddl(shared=self.shared):
+            cur.execute(stmt)
+        cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
-    def _check_and_migrate(self) -> None:
+    @classmethod
+    def _open_shared(cls, path: str | Path, seed_dir) -> Store:
+        """Open the shared store at ``path``; make its tables (seeded from ``seed_dir``) when its catalog has none."""
+        spec = lake.spec_of(path)
+        con = lake.connect(spec)
+        store = cls(con, spec.name, kind="shared", spec=spec)
+        try:
+            store._check_data_files()
+            with store.transaction() as cur:  # under the write lock: two first opens make the tables once
+                fresh = not cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ?",
+                                        [lake.LAKE]).fetchall()[0][0]
+                if fresh:
+                    store._create(cur)
+            if fresh:
+                for folder in _folders(seed_dir):
+                    store.seed(folder)
+            store._check_and_migrate()
+            store._close_interrupted_runs()
+            store.define_tasks()
+        except duckdb.Error as exc:
+            con.close()
+            raise StoreError(lake.explain(spec, exc)) from None
+        except BaseException:
+            con.close()
+            raise
+        return store
+
+    def _check_data_files(self) -> None:
+        """Every Parquet file a shared store's catalog lists must be in its data folder (object
+        storage is not listed file by file: a missing object fails the read that needs it)."""
+        missing, total, base = lake.missing_data_files(self._con, self.spec)
+        if missing:
+            table, first = missing[0]
+            raise StoreError(
+                f"shared store {self.path}: {len(missing)} of its {total} data files are missing from "
+                f"{base} (first: {first}, of table {table}). Restore the data folder (or point the store's "
+                f"{lake.MARKER} at where it is now); nothing was changed.")
+
+    def _version(self, cur: duckdb.DuckDBPyConnection) -> int:
         try:
             # fetchall, not fetchone: an unfinished result keeps the connection's transaction open, and
             # then DuckDB can never checkpoint (the WAL grows, CHECKPOINT fails while the store is open)
-            rows = self._con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
-            row = rows[0] if rows else None
-        except duckdb.Error:
+            rows = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        except duckdb.CatalogException:
+            what = "a shared store's catalog" if self.shared else "a DuckDB file"
             raise StoreError(
-                f"{self.path} is a DuckDB file but not a Rollout Studio store (no meta table); "
+                f"{self.path} is {what} but not a Rollout Studio store (no meta table); "
                 "give a new path with --db, and the studio will create one there") from None
-        version = int(row[0]) if row else 0
+        return int(rows[0][0]) if rows else 0
+
+    def _check_and_migrate(self) -> None:
+        version = self._version(self._con)
         if version > schema.SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} was written by a newer Rollout Studio (schema {version}); this "
                 f"version reads schema {schema.SCHEMA_VERSION} and older. Upgrade rollout-studio "
-                "to open it; the file was not changed.")
-        if version < schema.SCHEMA_VERSION:
-            with self.transaction() as cur:
-                for v in range(version + 1, schema.SCHEMA_VERSION + 1):
-                    for stmt in schema.MIGRATIONS.get(v, []):
-                        cur.execute(stmt)
-                for stmt in schema.ddl():
-                    cur.execute(stmt)
-                if version < 8:  # correctness became a column: what SQL could not backfill (schema.MIGRATIONS[8])
-                    fill_verdicts(cur)
-                if version < 9:  # every stored rollout is one assistant turn
-                    cur.execute(schema.SINGLE_TURN)
-                if version < 10:  # the tokens view gains the columns token_rows gained (turn and mask, train_logprob)
-                    self.refresh_tokens_view(cur)
-                cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
-
-    # -- token shards --------------------------------------------------------------------
-    @property
-    def shard_dir(self) -> Path | None:
-        """The folder of this store's token shards (None for an in-memory store: it writes none)."""
-        return None if self.path == ":memory:" else Path(self.path).with_name(Path(self.path).name + ".shards")
-
-    def shard_paths(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[Path]:
-        """The token shards the store reads, in the order they were written."""
-        return [f for f, _ in self._shards(cur)]
-
-    def _shards(self, cur=None, lo: str | None = None, hi: str | None = None) -> list[tuple[Path, list[str]]]:
-        """``(path, columns)`` of the listed shards, in order; with ``lo``, ``hi``: only those whose id
-        range meets ``lo``..``hi``."""
-        if self.shard_dir is None:
-            return []
-        where, params = ("WHERE max_rollout_id >= ? AND min_rollout_id <= ?", [lo, hi]) if lo is not None else ("", [])
-        rows = (cur or self._con).execute(
-            f"SELECT file, columns FROM token_shards {where} ORDER BY created_at, shard_id", params).fetchall()
-        return [(self.shard_dir / f, list(c or [])) for f, c in rows]
-
-    @staticmethod
-    def _tokens_sql(shards: list[tuple[Path, list[str]]], skip_moved: bool = True) -> str:
-        """token_rows and ``shards`` as one ``tokens`` query (the shards' rows of moved rollouts left out)."""
-        from studio.store.shards import union_sql
-
-        sql = f"SELECT {', '.join(schema.columns('tokens'))} FROM {schema.TOKEN_ROWS}"
-        if shards:
-            parts = union_sql(shards)
-            where = " WHERE rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)" if skip_moved else ""
-            sql += f" UNION ALL SELECT * FROM ({parts}){where}"
-        return sql
-
-    def refresh_tokens_view(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """(Re)write the ``tokens`` view over token_rows and the shards (inside the caller's transaction)."""
-        shards = self._shards(cur)
-        if shards:
-            self._sharded = True  # (never reset: a stale True costs tokens_between one small query)
-        moved = bool(shards) and cur.execute("SELECT count(*) FROM tokens_moved").fetchall()[0][0] > 0
-        cur.execute(f"CREATE OR REPLACE VIEW tokens AS {self._tokens_sql(shards, skip_moved=moved)}")
-
-    def tokens_between(self, lo: str, hi: str) -> str:
-        """What to read ``tokens`` rows of rollout ids ``lo``..``hi`` from: ``tokens`` itself, or, when
-        the store has shards, the same union with only the shards whose id range meets ``lo``..``hi``
-        (``token_shards`` keeps each one's; none: the table alone), so a rollout's read opens at most
-        the files that can hold it however many there are. The caller still filters on ``rollout_id``."""
-        if not self._sharded:
-            return "tokens"
-        cur = self._con.cursor()  # its own: reads come from many threads
+                "to open it; the store was not changed.")
+        if version == schema.SCHEMA_VERSION:
+            return
         try:
-            shards = self._shards(cur, lo, hi)
-        finally:
-            cur.close()
-        # (a shard is listed in the transaction that makes its rollouts visible: no race)
-        return f"({self._tokens_sql(shards)})" if shards else schema.TOKEN_ROWS
-
-    def unshard(self, rollout_ids: list[str], cur: duckdb.DuckDBPyConnection) -> int:
-        """Copy the shard rows of ``rollout_ids`` into token_rows, where they can be changed, and stop
-        reading them from their shards (``tokens_moved``). Returns how many rollouts moved."""
-        if not rollout_ids:
-            return 0
-        lo, hi = min(rollout_ids), max(rollout_ids)  # the shards that can hold them; their row groups skip on it too
-        shards = self._shards(cur, lo, hi)
-        if not shards:
-            return 0
-        from studio.store.shards import union_sql
-
-        parts = union_sql(shards)
-        moving = [r[0] for r in cur.execute(
-            f"""SELECT DISTINCT rollout_id FROM ({parts}) WHERE rollout_id BETWEEN ? AND ?
-                AND list_contains(?::VARCHAR[], rollout_id)
-                AND rollout_id NOT IN (SELECT rollout_id FROM tokens_moved)""", [lo, hi, rollout_ids]).fetchall()]
-        if not moving:
-            return 0
-        cols = ", ".join(schema.columns("tokens"))
-        cur.execute(f"""INSERT INTO {schema.TOKEN_ROWS} ({cols}) SELECT {cols} FROM ({parts})
-                        WHERE rollout_id BETWEEN ? AND ? AND list_contains(?::VARCHAR[], rollout_id)
-                        ORDER BY rollout_id, pos""", [min(moving), max(moving), moving])
-        cur.execute("INSERT INTO tokens_moved SELECT unnest(?::VARCHAR[])", [moving])
-        self.refresh_tokens_view(cur)
-        return len(moving)
-
-    def _check_shards(self) -> None:
-        """Every listed shard must be there; files in the folder that no shard lists (an import cut
-        off between writing its shard and committing) are deleted once untouched for
-        ``STRAY_SHARD_AGE_S`` (the same process may have the store open twice, one of them
-        importing). The view is rewritten with the folder's path as it is now (the store may have
-        been moved)."""
-        listed = self.shard_paths()
-        self._sharded = bool(listed)
-        missing = [f for f in listed if not f.is_file()]
-        if missing:
-            raise StoreError(
-                f"{self.path} keeps token rows in {len(listed)} Parquet shard(s) in {self.shard_dir}, and "
-                f"{len(missing)} of them are missing (first: {missing[0].name}). Move or copy the folder "
-                "together with the store file; the store was not changed.")
-        if self.shard_dir is not None and self.shard_dir.is_dir():
-            keep = {f.name for f in listed}
-            for f in self.shard_dir.iterdir():
-                if f.is_file() and f.name not in keep and time.time() - f.stat().st_mtime > STRAY_SHARD_AGE_S:
-                    f.unlink(missing_ok=True)
-        if listed:
             with self.transaction() as cur:
-                # only when it changed (a moved store): a second open in this process must not rewrite
-                # the view under an import of the first, whose commit would then conflict on it
-                have = cur.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'tokens'").fetchall()
-                if not have or not all(str(f).replace("'", "''") in have[0][0] for f in listed):
-                    self.refresh_tokens_view(cur)
+                version = self._version(cur)  # again, under the write lock: another process may have migrated it
+                if version < schema.SCHEMA_VERSION:
+                    self._migrate(cur, version)
+        except duckdb.TransactionException as exc:  # a shared store another process migrated at the same moment
+            if not self.shared or self._version(self._con) != schema.SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: the migration from schema {version} to {schema.SCHEMA_VERSION} "
+                                 f"failed ({str(exc).splitlines()[0]}); the store was not changed. Open it again.") from None
+
+    def _migrate(self, cur: duckdb.DuckDBPyConnection, version: int) -> None:
+        for v in range(version + 1, schema.SCHEMA_VERSION + 1):
+            for stmt in schema.MIGRATIONS.get(v, []):
+                cur.execute(stmt)
+        for stmt in schema.ddl(shared=self.shared):
+            cur.execute(stmt)
+        if version < 8:  # correctness became a column: what SQL could not backfill (schema.MIGRATIONS[8])
+            fill_verdicts(cur)
+        if version < 9:  # every stored rollout is one assistant turn
+            cur.execute(schema.SINGLE_TURN)
+        if version < 10:  # the tokens view gains the columns token_rows gained (turn and mask, train_logprob)
+            self.refresh_tokens_view(cur)
+        if self.shared:  # no primary key to replace on
+            cur.execute("DELETE FROM meta WHERE key = 'schema_version'")
+            cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
+        else:
+            cur.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
     def _close_interrupted_runs(self) -> None:
-        """Runs still 'running' when the file is opened were cut off (a killed owner): DuckDB
-        lets one process open the file, so nobody else can be writing them now."""
-        with self.transaction() as cur:
-            cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
+        """Runs still 'running' when the store is opened were cut off (a killed owner). A file
+        opens in one process at a time, so nobody else can be writing them now; in a shared store
+        only the runs whose owner ran on this machine and is gone are."""
+        if not self.shared:
+            with self.transaction() as cur:
+                cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
+            return
+        running = self._con.execute("SELECT run_id, owner FROM runs WHERE status = 'running'").fetchall()
+        gone = [run_id for run_id, owner in running if _owner_gone(owner)]
+        if gone:
+            with self.transaction() as cur:
+                cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running' "
+                            "AND list_contains(?::VARCHAR[], run_id)", [gone])
 
     def define_tasks(self) -> list[str]:
         """Make the tasks this store defines known to this process (``studio.tasks.define``):
@@ -351,9 +299,11 @@ class Store:
                 if f.exists():
                     # by name: files written before a column existed leave it NULL; a rule version is
                     # named by its source's hash, so two seeds scored by one built-in rule share its row
-                    insert = "INSERT OR IGNORE" if table == "rule_versions" else "INSERT"
-                    cur.execute(f"{insert} INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)",
-                                [str(f)])
+                    if table == "rule_versions":
+                        self._insert_new(cur, table, "SELECT * FROM read_parquet(?)", [str(f)])
+                    else:
+                        cur.execute(f"INSERT INTO {schema.physical(table)} BY NAME SELECT * FROM read_parquet(?)",
+                                    [str(f)])
             cur.execute(schema.SINGLE_TURN)
             fill_verdicts(cur)
 
@@ -362,8 +312,18 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A cursor of the shared connection: use one per call, from any thread."""
-        return self._con.cursor()
+        """A cursor of the store's connection: use one per call, from any thread."""
+        cur = self._con.cursor()
+        return lake.use(cur) if self.shared else cur
+
+    def change_mark(self) -> int:
+        """A number that changes when another process commits to this store (a shared store's
+        latest snapshot not made by this process; 0 for a file store, which no other process can
+        change while it is open). Served pages poll it to pick up other processes' rows."""
+        if not self.shared:
+            return 0
+        return int(self.scalar(f"SELECT coalesce(max(snapshot_id), 0) FROM {lake.LAKE}.snapshots() "
+                               "WHERE author IS DISTINCT FROM ?", [OWNER]) or 0)
 
     def df(self, sql: str, params: list[Any] | dict | None = None, timeout_s: float | None = None) -> pd.DataFrame:
         """Run a parameterised read and return a DataFrame, within the time limit.
@@ -398,17 +358,36 @@ class Store:
     # -- writing -------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A cursor inside BEGIN/COMMIT; any exception rolls everything back."""
+        """A cursor inside BEGIN/COMMIT; any exception rolls everything back.
+
+        On a shared store the commit names this process as its author (:meth:`change_mark`), and
+        where the catalog is a SQLite file the transaction holds the store's write lock.
+
+        Raises:
+            StoreError: another process kept the write lock past ``$ROLLOUT_STUDIO_WRITE_WAIT``.
+        """
         with self._write_lock:
-            cur = self.cursor()
-            cur.execute("BEGIN TRANSACTION")
+            if self._file_lock is not None:
+                try:
+                    self._file_lock.acquire()
+                except TimeoutError as exc:
+                    raise StoreError(f"shared store {self.path}: {exc}; nothing was written. Try again when it "
+                                     "is done, or raise ROLLOUT_STUDIO_WRITE_WAIT.") from None
             try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
+                cur = self.cursor()
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    yield cur
+                    if self.shared:
+                        cur.execute(f"CALL {lake.LAKE}.set_commit_message(?, 'rollout-studio')", [OWNER])
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                else:
+                    cur.execute("COMMIT")
+            finally:
+                if self._file_lock is not None:
+                    self._file_lock.release()
 
     def write(self, frames: dict[str, pd.DataFrame], cur: duckdb.DuckDBPyConnection | None = None) -> None:
         """Insert DataFrames (or Arrow tables) into their tables in one transaction.
@@ -429,15 +408,33 @@ class Store:
             extra = [c for c in names if c not in known]
             if extra:
                 raise StoreError(f"table {table!r} has no columns {extra}")
+            if table == "runs" and "owner" not in names:  # whose run it is (a shared store's open reads it)
+                frame = _with_column(frame, "owner", OWNER)
+                names.append("owner")
             view = f"_incoming_{i}"
             cur.register(view, frame)
             try:
                 cols = ", ".join(names)
-                # prompts and rule versions are shared by content hash: a second insert is a no-op
-                verb = "INSERT OR IGNORE" if table in ("prompts", "rule_versions") else "INSERT"
-                cur.execute(f"{verb} INTO {schema.physical(table)} ({cols}) SELECT {cols} FROM {view}")
+                if table in ("prompts", "rule_versions"):  # shared by content hash: a second insert is a no-op
+                    self._insert_new(cur, table, f"SELECT {cols} FROM {view}", [], cols)
+                else:
+                    cur.execute(f"INSERT INTO {schema.physical(table)} ({cols}) SELECT {cols} FROM {view}")
             finally:
                 cur.unregister(view)
+
+    def _insert_new(self, cur: duckdb.DuckDBPyConnection, table: str, select: str, params: list,
+                    cols: str | None = None) -> None:
+        """Insert the rows of ``select`` whose key ``table`` does not hold yet (its first column:
+        ``prompt_id``, ``rule_version_id``), by name when ``cols`` is None. A file store's primary key
+        does it; a shared store has none, so the rows already there (and repeats) are left out."""
+        into = f"{table} ({cols})" if cols else f"{table} BY NAME"
+        if not self.shared:
+            cur.execute(f"INSERT OR IGNORE INTO {into} {select}", params)
+            return
+        key = schema.columns(table)[0]
+        cur.execute(f"""INSERT INTO {into} SELECT * EXCLUDE (_n) FROM (
+                            SELECT *, row_number() OVER (PARTITION BY {key}) AS _n FROM ({select}))
+                        WHERE _n = 1 AND {key} NOT IN (SELECT {key} FROM {table})""", params)
 
     def counts(self) -> dict[str, int]:
         return {t: self.scalar(f"SELECT count(*) FROM {t}") for t in ("runs", "prompts", "rollouts", "tokens")}
@@ -449,6 +446,27 @@ def _folders(seed_dir: str | Path | Sequence[str | Path] | None) -> list[Path]:
         return []
     many = [seed_dir] if isinstance(seed_dir, (str, Path)) else list(seed_dir)
     return [Path(f) for f in many if Path(f).is_dir()]
+
+
+def _owner_gone(owner: str | None) -> bool:
+    """True when ``owner`` ("host:pid") ran on this machine and that process no longer exists."""
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def _with_column(frame, name: str, value: str):
+    """``frame`` (a DataFrame or an Arrow table) with a constant column ``name`` added."""
+    if isinstance(frame, pa.Table):
+        return frame.append_column(name, pa.array([value] * frame.num_rows, pa.string()))
+    return frame.assign(**{name: value})
 
 
 def _connect(path: Path) -> duckdb.DuckDBPyConnection:

@@ -6,7 +6,7 @@ functions in ``MIGRATIONS``. ``docs/architecture.md`` documents every column.
 """
 from __future__ import annotations
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 TABLES: dict[str, str] = {
     "meta": """
@@ -23,7 +23,9 @@ TABLES: dict[str, str] = {
         parent_run_id VARCHAR,
         created_at TIMESTAMP,
         status VARCHAR,                 -- running | done | failed | cancelled | interrupted | stopped
-        error VARCHAR                   -- why a run failed (schema 4)
+        error VARCHAR,                  -- why a run failed (schema 4)
+        owner VARCHAR                   -- the process that made it, "host:pid" (schema 11): a shared store marks a
+                                        --   'running' run interrupted only when its owner is gone
     """,
     "prompts": """
         prompt_id VARCHAR PRIMARY KEY,  -- hash of task + text: one id per distinct prompt
@@ -315,6 +317,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS engine VARCHAR",
         "ALTER TABLE token_scores ADD COLUMN IF NOT EXISTS rank INTEGER",
     ],
+    11: [  # shared stores: which process runs each run
+        "ALTER TABLE runs ADD COLUMN IF NOT EXISTS owner VARCHAR",
+    ],
 }
 
 
@@ -323,9 +328,13 @@ def physical(table: str) -> str:
     return TOKEN_ROWS if table == "tokens" else table
 
 
-def ddl() -> list[str]:
-    """Tables (and the ``tokens`` view over token_rows alone) that do not exist yet."""
-    out = [f"CREATE TABLE IF NOT EXISTS {physical(name)} ({cols})" for name, cols in TABLES.items()]
+def ddl(shared: bool = False) -> list[str]:
+    """Tables (and the ``tokens`` view over token_rows alone) that do not exist yet. ``shared``: for a
+    DuckLake, which has no primary keys (a key column stays NOT NULL; inserts skip known keys)."""
+    def body(cols: str) -> str:
+        return cols.replace(" PRIMARY KEY", " NOT NULL") if shared else cols
+
+    out = [f"CREATE TABLE IF NOT EXISTS {physical(name)} ({body(cols)})" for name, cols in TABLES.items()]
     return out + [f"CREATE VIEW IF NOT EXISTS tokens AS SELECT {', '.join(columns('tokens'))} FROM {TOKEN_ROWS}"]
 
 
