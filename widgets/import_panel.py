@@ -264,7 +264,7 @@ class ImportPanel(pn.viewable.Viewer):
         if self._upload.value:
             names = self._upload.filename if isinstance(self._upload.filename, list) else [self._upload.filename]
             datas = self._upload.value if isinstance(self._upload.value, list) else [self._upload.value]
-            folder = Path(self.state.store.path).expanduser().resolve().parent / "uploads" / time.strftime("%Y%m%d-%H%M%S")
+            folder = self.state.store.home / "uploads" / time.strftime("%Y%m%d-%H%M%S")
             folder.mkdir(parents=True, exist_ok=True)
             for name, data in zip(names, datas):
                 target = folder / Path(name).name  # a browser's name, never a path

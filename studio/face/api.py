@@ -40,6 +40,7 @@ from studio.face.checks import (
 )
 from studio.face.views import StudioViews
 from studio.store import Store, StoreError, default_db_path
+from studio.store import exists as store_exists
 from studio.tasks import Prompt
 from studio.workers.sync import run_sync
 
@@ -53,7 +54,8 @@ def open(db: str | Path | None = None, policy: str | Path | None = None, *, crea
     """Open a studio store.
 
     Args:
-        db: a store file; ``None`` is the embedded default (created and seeded with the
+        db: a store file, a shared store's folder or a team catalog's ``postgresql://`` URL
+            (``docs/shared-store.md``); ``None`` is the embedded default (created and seeded with the
             sample rollouts on first use, as ``python launch.py`` does); ``":memory:"`` an
             empty store in memory.
         policy: the policy folder (or backend URL) that :meth:`Studio.generate` samples and
@@ -63,8 +65,8 @@ def open(db: str | Path | None = None, policy: str | Path | None = None, *, crea
 
     Raises:
         StoreError: no store at ``db`` (without ``create``), not a studio store, or the file
-            is held by another process (DuckDB lets one process open a file at a time: a
-            running ``launch.py`` on the same file must be stopped first).
+            is held by another process (a store *file* opens in one process at a time: a running
+            ``launch.py`` on the same file must be stopped first; a shared store has no such limit).
     """
     from sample_data import POLICY_DIR, SEED_DIRS
 
@@ -77,11 +79,7 @@ def open(db: str | Path | None = None, policy: str | Path | None = None, *, crea
     elif str(db) == ":memory:" or create:
         store = Store.open(db)
     else:
-        try:
-            exists = Path(db).expanduser().exists()
-        except RuntimeError as exc:  # "~user/..." for a user that does not exist
-            raise StoreError(f"cannot open {db}: {exc}") from None
-        if not exists:
+        if not store_exists(db):
             raise StoreError(f"there is no studio store at {db}; studio.open({str(db)!r}, create=True) makes an "
                              "empty one, studio.open() opens the embedded default")
         store = Store.open(db)

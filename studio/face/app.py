@@ -21,7 +21,8 @@ TITLE = "Rollout Studio"
 
 def open_shared_store(db_path: str | Path) -> Store:
     """The process-wide store for ``db_path`` (created and seeded on first use)."""
-    key = f"rollout-studio-store:{Path(db_path).expanduser().resolve()}"
+    where = str(db_path) if "://" in str(db_path) else Path(db_path).expanduser().resolve()  # a team catalog's URL
+    key = f"rollout-studio-store:{where}"
     return pn.state.as_cached(key, lambda: Store.open(db_path, seed_dir=SEED_DIRS))
 
 
@@ -136,7 +137,8 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     def info_html(refresh: int, policy: str) -> str:  # re-drawn whenever new rollouts are stored
         n = counts()["rollouts"]
         return (f'<div class="meta-line" style="flex-direction:column;gap:2px">'
-                f'<span>store <b>{esc(Path(store.path).name)}</b> · {n:,} rollouts</span>'
+                f'<span>{"shared store" if store.shared else "store"} <b>{esc(Path(store.path).name)}</b> · '
+                f'{n:,} rollouts</span>'
                 f'<span>policy <b>{esc(describe_policy(policy))}</b></span></div>')
 
     info = pn.pane.HTML(pn.bind(info_html, state.param.refresh, state.param.policy_path), stylesheets=[CSS],
@@ -221,7 +223,7 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
 class _Page:
     doc: weakref.ref
     store: Store
-    seen: int
+    seen: tuple[int, int]
     refresh: Callable[[], Awaitable[None]]
 
 
@@ -229,34 +231,45 @@ _PAGES: dict[int, _Page] = {}  # the served pages of this process, by id(documen
 
 
 def follow_tails(store: Store, refresh: Callable[[], Awaitable[None]]) -> None:
-    """Run ``refresh`` in this served page whenever the store's folder tailers add rollouts.
+    """Run ``refresh`` in this served page whenever rollouts arrive in the store from elsewhere:
+    the store's folder tailers, or (a shared store) another process's commits.
 
     One check every 2 s for the whole server (:func:`_poll_tails`), not a periodic callback per
     page: twenty open pages would otherwise wake the server ten times a second to find nothing.
     """
-    from studio.ingest.tailers import tail_rows
-
     doc = pn.state.curdoc
     if doc is None or doc.session_context is None:  # not a served page (a notebook, a test)
         return
     key = id(doc)
-    _PAGES[key] = _Page(weakref.ref(doc), store, tail_rows(store), refresh)
+    _PAGES[key] = _Page(weakref.ref(doc), store, _arrivals(store), refresh)
     doc.on_session_destroyed(lambda _ctx: _PAGES.pop(key, None))
     pn.state.schedule_task("rollout-studio-tails", _poll_tails, period="2s")  # once per process
 
 
-def _poll_tails() -> None:
+def _arrivals(store: Store) -> tuple[int, int]:
+    """What changes when rows arrive from elsewhere: the tailers' rollouts, and another process's
+    latest commit to a shared store (``Store.change_mark``; 0 for a file)."""
     from studio.ingest.tailers import tail_rows
 
-    counts: dict[str, int] = {}
+    try:
+        mark = store.change_mark()
+    except StoreError:  # a catalog out of reach for a moment: look again at the next poll
+        mark = -1
+    return tail_rows(store), mark
+
+
+def _poll_tails() -> None:
+    seen: dict[str, tuple[int, int]] = {}
     for key, page in list(_PAGES.items()):
         doc = page.doc()
         if doc is None or doc.session_context is None:
             _PAGES.pop(key, None)
             continue
-        n = counts.setdefault(page.store.path, tail_rows(page.store))
-        if n != page.seen:
-            page.seen = n
+        now = seen.get(page.store.path) or seen.setdefault(page.store.path, _arrivals(page.store))
+        if now[1] == -1:
+            continue
+        if now != page.seen:
+            page.seen = now
             doc.add_next_tick_callback(page.refresh)  # in that page's session, with its lock
 
 

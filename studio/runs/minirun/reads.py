@@ -84,11 +84,11 @@ def miniruns(store: Store) -> pd.DataFrame:
 
 
 def checkpoint_root(store: Store) -> Path:
-    """Where a store's mini-runs keep their checkpoints: ``<store folder>/checkpoints`` (a
-    temporary folder for an in-memory store)."""
-    if store.path in (None, ":memory:"):
+    """Where a store's mini-runs keep their checkpoints: ``checkpoints`` in the store's home folder
+    (``Store.home``: the file's folder, a shared store's own) or a temporary folder for an in-memory store."""
+    if store.kind == "memory":
         return Path(tempfile.gettempdir()) / "studio-checkpoints"
-    return Path(store.path).expanduser().resolve().parent / "checkpoints"
+    return store.home / "checkpoints"
 
 
 def checkpoints(store: Store) -> pd.DataFrame:
