@@ -13,6 +13,7 @@ import pytest
 
 from sample_data import POLICY_DIR
 from tests.fixtures import open_store
+from tests.services import postgres, s3  # noqa: F401  (fixtures: real PostgreSQL and S3-compatible servers)
 
 SLOW_MODULES = {"test_minirun.py", "test_notebook.py", "test_benchmarks.py", "test_crash.py"}
 
