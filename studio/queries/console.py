@@ -105,6 +105,8 @@ def check(sql: str, con: duckdb.DuckDBPyConnection | None = None) -> None:
     if len(statements) != 1:
         raise ReadOnlyError(f"one statement at a time (this has {len(statements)})")
     kind = statements[0].type
+    if text.split(None, 1)[0].upper() == "PRAGMA":  # DuckDB 1.5 parses "PRAGMA version" as a SELECT of pragma_version()
+        kind = duckdb.StatementType.PRAGMA
     if kind != duckdb.StatementType.SELECT:
         raise ReadOnlyError(f"only SELECT queries run here (this is {kind.name}): "
                             "the console never changes the store")
