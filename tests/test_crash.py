@@ -1,4 +1,5 @@
-"""Crash safety: SIGKILL the owner mid-Generate, reopen, and find only whole chunks."""
+"""Crash safety: SIGKILL the owner mid-Generate, reopen, and find only whole chunks (a store file
+and a shared store)."""
 import os
 import signal
 import subprocess
@@ -7,10 +8,11 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sample_data import ROLLOUTS_DIR
 from studio import queries
-from studio.store import Store
+from studio.store import Store, lake
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = 4
@@ -19,7 +21,7 @@ WRITER = textwrap.dedent(f"""
     import sys
     from sample_data import POLICY_DIR, ROLLOUTS_DIR
     from studio.runs.generation import GenerateConfig, generate_sync
-    from studio.store import Store
+    from studio.store import Store, lake
 
     if __name__ == "__main__":
         store = Store.open(sys.argv[1], seed_dir=ROLLOUTS_DIR)
@@ -29,8 +31,9 @@ WRITER = textwrap.dedent(f"""
 """)
 
 
-def test_sigkill_during_generate_leaves_only_whole_chunks(tmp_path):
-    db = tmp_path / "crash.duckdb"
+@pytest.mark.parametrize("kind", ["file", "shared"])
+def test_sigkill_during_generate_leaves_only_whole_chunks(tmp_path, kind):
+    db = tmp_path / "crash.duckdb" if kind == "file" else lake.create_shared(tmp_path / "crash-shared")
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     proc = subprocess.Popen([sys.executable, str(script), str(db)], cwd=ROOT, stdout=subprocess.PIPE, text=True,

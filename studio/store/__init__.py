@@ -186,11 +186,12 @@ class Store(TokenView):
         store = cls(con, spec.name, kind="shared", spec=spec)
         try:
             store._check_data_files()
-            with store.transaction() as cur:  # under the write lock: two first opens make the tables once
-                fresh = not cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ?",
-                                        [lake.LAKE]).fetchall()[0][0]
-                if fresh:
-                    store._create(cur)
+            fresh = store._no_tables(store._con)  # a read: opening never waits for another process's write
+            if fresh:
+                with store.transaction() as cur:  # under the write lock: two first opens make the tables once
+                    fresh = store._no_tables(cur)
+                    if fresh:
+                        store._create(cur)
             if fresh:
                 for folder in _folders(seed_dir):
                     store.seed(folder)
@@ -204,6 +205,11 @@ class Store(TokenView):
             con.close()
             raise
         return store
+
+    @staticmethod
+    def _no_tables(cur: duckdb.DuckDBPyConnection) -> bool:
+        return not cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ?",
+                               [lake.LAKE]).fetchall()[0][0]
 
     def _check_data_files(self) -> None:
         """Every Parquet file a shared store's catalog lists must be in its data folder (object

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 import duckdb
 
-from studio.errors import StudioError
+from studio.store.errors import StoreError
 
 LAKE = "lake"  # the name the lake is attached under
 MARKER = "studio-store.json"
@@ -42,7 +42,7 @@ FORMAT = "rollout-studio-shared"
 INLINE_ROWS = 1000
 
 
-class SharedStoreError(StudioError, RuntimeError):
+class SharedStoreError(StoreError):
     """A shared store cannot be made, reached or opened; the message names it and what to do."""
 
 
