@@ -27,7 +27,10 @@ The shape follows what the studio writes:
   applying a new rule does), so "the most recent version per rollout" differs across runs.
   Accuracy is drawn per group with p ~ Beta(0.5, 0.5), so many groups are all-equal.
 
-The store is built beside ``--db`` and renamed into place when complete. It prints one JSON
+``--shared`` makes ``--db`` a shared store (``studio.store.lake.create_shared``: a folder holding a
+SQLite catalog and the Parquet data files) and writes the same chunks into it through ``Store.write``.
+
+The store is built beside ``--db`` and renamed into place when complete (a shared one in place). It prints one JSON
 line: the store's path, its row counts and its bytes (a store, not a figure).
 
 ``--smoke`` builds 800 rollouts in chunks of 200 with ``--sharded``, in a temporary directory
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -85,6 +89,9 @@ class Shape:
     sharded: bool = False
     """Import runs' token rows in one Parquet shard per run, as ``studio.ingest.importers.import_run`` writes
     a bulk import's (``studio/store/shards.py``); generate runs' in the table. False: every row in the table."""
+    shared: bool = False
+    """A shared store (``studio.store.lake.create_shared``: a SQLite catalog and Parquet data files in a
+    folder) written through the same ``Store.write`` chunks; it has no shards."""
 
 
 class Plan:
@@ -261,22 +268,27 @@ def _id_made_at(prefix: str, when: datetime, rng: np.random.Generator) -> str:
 def build(path: Path, shape: Shape, quiet: bool = False):
     """Create the store at ``path`` (which must not exist); returns the open :class:`Store`.
 
-    Built as ``.<name>.building`` beside it and renamed in when complete.
+    Built as ``.<name>.building`` beside it and renamed in when complete; a shared store is built in
+    place (its catalog holds its data folder's path: it cannot be renamed) and removed if the build fails.
     """
     from benchmarks.synthetic import write_chunks
-    from studio.store import Store
+    from studio.store import Store, lake
 
     path = Path(path)
     if path.exists():
         raise SystemExit(f"{path} exists: give a new --db (or remove it)")
-    tmp = path.with_name(f".{path.name}.building")
-    for p in (tmp, tmp.with_name(tmp.name + ".wal")):
+    if shape.shared and shape.sharded:
+        raise SystemExit("a shared store has no token shards: give --shared or --sharded, not both")
+    tmp = path if shape.shared else path.with_name(f".{path.name}.building")
+    for p in (() if shape.shared else (tmp, tmp.with_name(tmp.name + ".wal"))):
         p.unlink(missing_ok=True)
     t = time.perf_counter()
     plan = Plan(shape)
     if not quiet:
         print(f"planned {plan.n:,} rollouts, {int(plan.length.sum()):,} tokens, {plan.n_groups:,} groups, "
               f"{len(plan.prompts):,} prompts in {time.perf_counter() - t:.1f} s", flush=True)
+    if shape.shared:
+        lake.create_shared(path)
     store = Store.open(tmp)
     try:
         store.write({"runs": plan.run_rows(), "rule_versions": plan.rule_rows(), "prompts": plan.prompts})
@@ -287,10 +299,17 @@ def build(path: Path, shape: Shape, quiet: bool = False):
         if shape.sharded:
             chunks = _sharded(store, chunks, plan.run_ids, plan.run_kind)
         write_chunks(store, chunks, later, total=plan.n, quiet=quiet)
-        store.cursor().execute("CHECKPOINT")
+        if not shape.shared:  # (on a shared store CHECKPOINT would compact its data files: stored as written)
+            store.cursor().execute("CHECKPOINT")
+    except BaseException:
+        if shape.shared:
+            store.close()
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     finally:
         store.close()
-    tmp.replace(path)
+    if not shape.shared:
+        tmp.replace(path)
     if shape.sharded and Path(f"{tmp}.shards").is_dir():
         Path(f"{tmp}.shards").replace(f"{path}.shards")  # Store.open points the view at the new place
     if not quiet:
@@ -325,7 +344,9 @@ def _sharded(store, chunks, run_ids, run_kind):
 
 
 def size_of(path: Path) -> int:
-    """Bytes of the store: the file, its WAL and its shards."""
+    """Bytes of the store: the file, its WAL and its shards (a shared store: its folder)."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     wal, shards = Path(str(path) + ".wal"), Path(str(path) + ".shards")
     return (path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
             + sum(f.stat().st_size for f in shards.glob("*.parquet")))
@@ -339,12 +360,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk", type=int, default=Shape.chunk, help="rollouts per Store.write")
     ap.add_argument("--seed", type=int, default=Shape.seed)
     ap.add_argument("--sharded", action="store_true", help="import runs' token rows in Parquet shards, one per run")
+    ap.add_argument("--shared", action="store_true", help="a shared store (a folder: SQLite catalog, Parquet data)")
     ap.add_argument("--db", type=Path, default=None,
                     help="where to write the store (must not exist; required, except with --smoke)")
     a = smoke.parse_args(ap, argv, rollouts=800, chunk=200, sharded=True)
     if a.db is None and not a.smoke:
         ap.error("--db is required")
-    shape = Shape(a.rollouts, a.tokens_per_rollout, a.runs, a.chunk, a.seed, a.sharded)
+    shape = Shape(a.rollouts, a.tokens_per_rollout, a.runs, a.chunk, a.seed, a.sharded and not a.shared, a.shared)
     with tempfile.TemporaryDirectory(prefix="make-large-store-") as tmp:
         db = a.db or Path(tmp) / "large.duckdb"
         store = build(db, shape)
