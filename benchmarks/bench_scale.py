@@ -82,7 +82,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,8 +180,9 @@ def previous_table():
 # --------------------------------------------------------------------------------------
 # latencies: what the widgets run
 # --------------------------------------------------------------------------------------
-def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """Milliseconds per repetition of every measured action; and a note per action."""
+def latencies(store, reps: int, seed: int, only: Collection[str] | None = None
+              ) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Milliseconds per repetition of every measured action (or of those named in ``only``); and a note per action."""
     from studio import queries
     from studio.queries import RolloutFilter, credit
     from studio.signals.advantages import Credit
@@ -296,7 +297,7 @@ def latencies(store, reps: int, seed: int) -> tuple[dict[str, list[float]], dict
                   f"baseline: the same under the previous implementation ({PREVIOUS})")
                  for key, fn in (("correct_all_runs", correct_all_runs), ("reward_all_runs", reward_all_runs))]
     out, notes = {}, {}
-    for key, fn, k, note in plan:
+    for key, fn, k, note in (p for p in plan if only is None or p[0] in only):
         out[key] = _timed(fn, k)
         notes[key] = note
         print(f"  {key:26s} median {statistics.median(out[key]):8.1f} ms  ({k} reps)", flush=True)
