@@ -240,7 +240,8 @@ def _write(store, cur, rows_sql, rows_params, requested, ftype, fmt, style, over
                         datasets.enable_progress_bars()
         else:
             opt = "FORMAT parquet" if ftype == "parquet" else "FORMAT json"
-            n_rows = cur.execute(f"COPY ({rows_sql}) TO ? ({opt})", rows_params + [str(tmp)]).fetchall()[0][0]
+            to = "'" + str(tmp).replace("'", "''") + "'"  # a literal: DuckDB 1.5 binds COPY's "TO ?" first
+            n_rows = cur.execute(f"COPY ({rows_sql}) TO {to} ({opt})", rows_params).fetchall()[0][0]
         if not n_rows:
             why = {"stepwise": "none of their rollouts has step rewards from the chosen source",
                    "unpaired": "every completion is both chosen and rejected somewhere (conflicts are left out)",
