@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +33,8 @@ import pyarrow as pa
 
 from studio.store import lake, schema
 from studio.store.errors import QueryTimeout as QueryTimeout
-from studio.store.errors import StoreError
+from studio.store.errors import StoreError, WriteConflict
+from studio.store.owner import OWNER, owner_gone
 from studio.store.token_view import STRAY_SHARD_AGE_S as STRAY_SHARD_AGE_S
 from studio.store.token_view import TokenView
 from studio.store.verdicts import fill_verdicts
@@ -57,7 +58,7 @@ def default_db_path() -> Path:
 
 
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"  # what this process writes into runs.owner and its commits
+WRITE_RETRIES = 5  # times Store.write runs again after a WriteConflict
 
 
 def exists(path: str | Path) -> bool:
@@ -280,7 +281,7 @@ class Store(TokenView):
                 cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'")
             return
         running = self._con.execute("SELECT run_id, owner FROM runs WHERE status = 'running'").fetchall()
-        gone = [run_id for run_id, owner in running if _owner_gone(owner)]
+        gone = [run_id for run_id, owner in running if owner_gone(owner)]
         if gone:
             with self.transaction() as cur:
                 cur.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running' "
@@ -350,6 +351,10 @@ class Store(TokenView):
         token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
         try:
             return fetch(cur.execute(sql, params or []))
+        except duckdb.IOException as exc:  # a shared store's catalog or data out of reach (an S3 server down...)
+            if not self.shared:
+                raise
+            raise StoreError(lake.explain(self.spec, exc)) from None
         except duckdb.InterruptException:
             raise QueryTimeout(
                 f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
@@ -365,6 +370,9 @@ class Store(TokenView):
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A cursor inside BEGIN/COMMIT; any exception rolls everything back.
+
+        A shared store's commit fails with :class:`WriteConflict` when another process committed a
+        change to a table this transaction changed (a PostgreSQL catalog; inserts never conflict).
 
         On a shared store the commit names this process as its author (:meth:`change_mark`), and
         where the catalog is a SQLite file the transaction holds the store's write lock.
@@ -390,7 +398,14 @@ class Store(TokenView):
                     cur.execute("ROLLBACK")
                     raise
                 else:
-                    cur.execute("COMMIT")
+                    try:
+                        cur.execute("COMMIT")
+                    except duckdb.TransactionException as exc:
+                        if not self.shared or "conflict" not in str(exc).lower():
+                            raise
+                        raise WriteConflict(
+                            f"shared store {self.path}: another process changed the same table while this write "
+                            f"ran, so nothing was written ({str(exc).splitlines()[0][:200]}). Try again.") from None
             finally:
                 if self._file_lock is not None:
                     self._file_lock.release()
@@ -402,8 +417,14 @@ class Store(TokenView):
         table ``token_rows`` (the view ``tokens`` reads them).
         """
         if cur is None:
-            with self.transaction() as c:
-                return self.write(frames, c)
+            for attempt in range(WRITE_RETRIES + 1):
+                try:
+                    with self.transaction() as c:
+                        return self.write(frames, c)
+                except WriteConflict:  # nothing was written: the same rows again, on the new snapshot
+                    if attempt == WRITE_RETRIES:
+                        raise
+                    time.sleep(0.05 * 2 ** attempt)
         for i, (table, frame) in enumerate(frames.items()):
             if table not in schema.TABLES:
                 raise StoreError(f"unknown table {table!r}")
@@ -452,20 +473,6 @@ def _folders(seed_dir: str | Path | Sequence[str | Path] | None) -> list[Path]:
         return []
     many = [seed_dir] if isinstance(seed_dir, (str, Path)) else list(seed_dir)
     return [Path(f) for f in many if Path(f).is_dir()]
-
-
-def _owner_gone(owner: str | None) -> bool:
-    """True when ``owner`` ("host:pid") ran on this machine and that process no longer exists."""
-    host, _, pid = (owner or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
 
 
 def _with_column(frame, name: str, value: str):

@@ -12,3 +12,8 @@ class QueryTimeout(StoreError):
     """A read ran past its time limit and was interrupted (the store is unchanged)."""
 
     exit_code = NOT_DONE
+
+
+class WriteConflict(StoreError):
+    """Another process committed a change to a table this write changed (a shared store): nothing
+    was written, and the same write may simply run again."""

@@ -214,12 +214,12 @@ def connect(spec: LakeSpec) -> duckdb.DuckDBPyConnection:
             _wal(Path(spec.catalog[len("sqlite:"):]))
         else:
             con.execute(f"LOAD '{extension_file('postgres_scanner')}'")
-        if spec.on_s3:
+        if spec.on_s3 or (spec.data_path is None and s3_settings()):  # (a URL's store: its data may be on S3)
             con.execute(f"LOAD '{extension_file('httpfs')}'")
             _s3_secret(con)
         options = [f"DATA_INLINING_ROW_LIMIT {INLINE_ROWS}"]
-        if spec.data_path:
-            options.append(f"DATA_PATH {_lit(spec.data_path)}")
+        if spec.data_path:  # the folder's file says where the data is now (the store may have moved)
+            options += [f"DATA_PATH {_lit(spec.data_path)}", "OVERRIDE_DATA_PATH true"]
         con.execute(f"ATTACH {_lit('ducklake:' + spec.catalog)} AS {LAKE} ({', '.join(options)})")
         con.execute(f"USE {LAKE}")
         con.execute("SET GLOBAL parquet_metadata_cache = true")
@@ -239,6 +239,10 @@ def explain(spec: LakeSpec, exc: BaseException) -> str:
     """What a failure to reach or open the shared store ``spec`` means, and what to do."""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     low = str(exc).lower()
+    if "http" in low or (spec.on_s3 and "s3" in low):
+        return (f"the data of shared store {spec.name} on {spec.data_path or 'object storage'} cannot be reached "
+                f"({first}). Check AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, ...); nothing was "
+                "changed.")
     if "password authentication failed" in low or "no password supplied" in low or "authentication" in low:
         return (f"the catalog of shared store {spec.name} refused the credentials ({first}). Set PGPASSWORD or a "
                 "password file (PGPASSFILE, ~/.pgpass) for its user; nothing was changed.")
@@ -246,9 +250,9 @@ def explain(spec: LakeSpec, exc: BaseException) -> str:
             "timeout expired" in low:
         return (f"the catalog of shared store {spec.name} cannot be reached ({first}). Check that the PostgreSQL "
                 "server is running and the host and port are right; nothing was changed.")
-    if spec.on_s3 and ("http" in low or "s3" in low):
-        return (f"the data of shared store {spec.name} on {spec.data_path} cannot be reached ({first}). Check "
-                "AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, ...); nothing was changed.")
+    if "does not exist" in low and "database" in low:
+        return (f"the catalog database of shared store {spec.name} does not exist ({first}). Create it first "
+                "(createdb, or CREATE DATABASE as its owner); nothing was changed.")
     return f"shared store {spec.name} cannot be opened ({first}); nothing was changed."
 
 
@@ -305,10 +309,10 @@ def missing_data_files(con: duckdb.DuckDBPyConnection, spec: LakeSpec) -> tuple[
     """``(table, file)`` of each live data file the catalog lists that is not on disk, how many it
     lists, and the data folder (object storage is not checked file by file: a missing object fails
     the read that needs it)."""
-    if spec.on_s3:
-        return [], 0, Path()
     meta = f"__ducklake_metadata_{LAKE}"
     root = con.execute(f"SELECT value FROM {meta}.ducklake_metadata WHERE key = 'data_path'").fetchall()
+    if "://" in (spec.data_path or (root[0][0] if root else "")):
+        return [], 0, Path()
     rows = con.execute(
         f"""SELECT f.path, f.path_is_relative, t.table_name, t.path, t.path_is_relative, s.path, s.path_is_relative
             FROM {meta}.ducklake_data_file f JOIN {meta}.ducklake_table t USING (table_id)

@@ -5,8 +5,10 @@ SQLite (in WAL mode, where readers never wait) refuses the commit of a transacti
 before another process committed ("database is locked"). So the processes that write one local
 shared store take turns: each write transaction holds an exclusive ``flock`` on ``write.lock`` in
 the store's folder, which the operating system releases when the holder exits or is killed.
-Reads take no lock and see every commit made before they began. A PostgreSQL catalog needs
-none of this: its transactions conflict only when two change the same rows.
+Reads take no lock and see every commit made before they began. A PostgreSQL catalog takes
+concurrent writers (on several machines, where a lock file could not reach): DuckLake merges their
+inserts, and a transaction that changed a table another one changed meanwhile fails at its commit
+(``Store.write`` then runs again; see ``Store.transaction``).
 """
 from __future__ import annotations
 
