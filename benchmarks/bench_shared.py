@@ -164,6 +164,9 @@ def click_figures(lat: dict[str, dict[str, list[float]]]) -> list[dict]:
     for key, name in CLICKS.items():
         f, s = statistics.median(lat["file"][key]), statistics.median(lat["shared"][key])
         out.append(figure(name, round(s, 2), "ms", f"{key}_ms_median", round(f, 2)))
+        if key != "group":
+            print(f"target: {name} within {CLICK_TARGET:g}x of the file store's: {s / f:.2f}x "
+                  f"{'met' if s <= CLICK_TARGET * f else 'NOT met'}")
     return out
 
 
