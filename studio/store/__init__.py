@@ -25,7 +25,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pandas as pd
@@ -35,10 +34,10 @@ from studio.store import lake, schema
 from studio.store.errors import QueryTimeout as QueryTimeout
 from studio.store.errors import StoreError, WriteConflict
 from studio.store.owner import OWNER, owner_gone
+from studio.store.reads import Reads
 from studio.store.token_view import STRAY_SHARD_AGE_S as STRAY_SHARD_AGE_S
 from studio.store.token_view import TokenView
 from studio.store.verdicts import fill_verdicts
-from studio.store.watchdog import _WATCHDOG
 from studio.store.writelock import WriteLock
 
 
@@ -71,7 +70,7 @@ def exists(path: str | Path) -> bool:
         raise StoreError(f"cannot open {path}: {exc}") from None
 
 
-class Store(TokenView):
+class Store(Reads, TokenView):
     """A rollout store: one DuckDB file, ``:memory:``, or a shared DuckLake.
 
     Use :meth:`open` rather than the constructor: it creates, seeds and checks the schema.
@@ -88,6 +87,7 @@ class Store(TokenView):
         # across processes too, where the catalog is a SQLite file (studio.store.writelock)
         self._file_lock = WriteLock(path) if spec is not None and spec.catalog.startswith("sqlite:") else None
         self._sharded = False  # the store lists token shards (see tokens_between)
+        self._init_reads()
         self.query_timeout_s = default_query_timeout()
 
     @property
@@ -315,6 +315,7 @@ class Store(TokenView):
             fill_verdicts(cur)
 
     def close(self) -> None:
+        self._close_readers()
         self._con.close()
 
     # -- reading -------------------------------------------------------------------------
@@ -331,40 +332,6 @@ class Store(TokenView):
             return 0
         return int(self.scalar(f"SELECT coalesce(max(snapshot_id), 0) FROM {lake.LAKE}.snapshots() "
                                "WHERE author IS DISTINCT FROM ?", [OWNER]) or 0)
-
-    def df(self, sql: str, params: list[Any] | dict | None = None, timeout_s: float | None = None) -> pd.DataFrame:
-        """Run a parameterised read and return a DataFrame, within the time limit.
-
-        Raises:
-            QueryTimeout: the query ran longer than ``timeout_s`` (default
-                :attr:`query_timeout_s`) and was interrupted.
-        """
-        return self._read(sql, params, timeout_s, lambda cur: cur.df())
-
-    def scalar(self, sql: str, params: list[Any] | None = None, timeout_s: float | None = None) -> Any:
-        row = self._read(sql, params, timeout_s, lambda cur: cur.fetchone())
-        return row[0] if row else None
-
-    def _read(self, sql, params, timeout_s, fetch):
-        limit = self.query_timeout_s if timeout_s is None else timeout_s
-        cur = self.cursor()
-        token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
-        try:
-            return fetch(cur.execute(sql, params or []))
-        except duckdb.IOException as exc:  # a shared store's catalog or data out of reach (an S3 server down...)
-            if not self.shared:
-                raise
-            raise StoreError(lake.explain(self.spec, exc)) from None
-        except duckdb.InterruptException:
-            raise QueryTimeout(
-                f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
-                "ROLLOUT_STUDIO_QUERY_TIMEOUT; nothing was changed.") from None
-        finally:
-            if token is not None:
-                _WATCHDOG.release(token)
-            # a result left unfinished (fetchone) keeps a transaction open and aborts the process when the
-            # store closes before the cursor is collected (DuckDB 2): every read ends here
-            cur.close()
 
     # -- writing -------------------------------------------------------------------------
     @contextmanager

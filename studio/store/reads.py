@@ -1,0 +1,87 @@
+"""The store's reads: parameterised SQL to a DataFrame or a value, within a time limit.
+
+A mixin of :class:`studio.store.Store` (its connection, kind and cursors). A read past its limit is
+interrupted by the watchdog (``studio.store.watchdog``). On a shared store each thread keeps
+its read cursor: a new cursor's ``USE lake`` would cost a catalog transaction per read.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from studio.store import lake
+from studio.store.errors import QueryTimeout, StoreError
+from studio.store.watchdog import _WATCHDOG
+
+
+class Reads:
+    """The read half of :class:`~studio.store.Store`."""
+
+    def _init_reads(self) -> None:
+        self._readers = threading.local()  # a shared store's read cursor per thread (see _reader)
+        self._readers_lock = threading.Lock()
+        self._reader_cursors: list[duckdb.DuckDBPyConnection] = []
+
+    def df(self, sql: str, params: list[Any] | dict | None = None, timeout_s: float | None = None) -> pd.DataFrame:
+        """Run a parameterised read and return a DataFrame, within the time limit.
+
+        Raises:
+            QueryTimeout: the query ran longer than ``timeout_s`` (default
+                :attr:`query_timeout_s`) and was interrupted.
+        """
+        return self._read(sql, params, timeout_s, lambda cur: cur.df())
+
+    def scalar(self, sql: str, params: list[Any] | None = None, timeout_s: float | None = None) -> Any:
+        rows = self._read(sql, params, timeout_s, lambda cur: cur.fetchall())  # all: a read leaves no result open
+        return rows[0][0] if rows else None
+
+    def _read(self, sql, params, timeout_s, fetch):
+        limit = self.query_timeout_s if timeout_s is None else timeout_s
+        cur = self._reader()
+        token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
+        try:
+            return fetch(cur.execute(sql, params or []))
+        except duckdb.IOException as exc:  # a shared store's catalog or data out of reach (an S3 server down...)
+            if not self.shared:
+                raise
+            raise StoreError(lake.explain(self.spec, exc)) from None
+        except duckdb.InterruptException:
+            self._drop_reader(cur)
+            raise QueryTimeout(
+                f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
+                "ROLLOUT_STUDIO_QUERY_TIMEOUT; nothing was changed.") from None
+        finally:
+            if token is not None:
+                _WATCHDOG.release(token)
+            # a result left unfinished keeps a transaction open and aborts the process when the store closes
+            # before the cursor is collected (DuckDB 2): every read ends here, its result fetched whole
+            if not self.shared:
+                cur.close()
+
+    def _reader(self) -> duckdb.DuckDBPyConnection:
+        """The cursor a read runs on: a new one on a file store; on a shared store the calling
+        thread's own, kept (a new cursor's ``USE lake`` costs a catalog transaction of its own)."""
+        if not self.shared:
+            return self.cursor()
+        cur = getattr(self._readers, "cur", None)
+        if cur is None:
+            cur = self._readers.cur = self.cursor()
+            with self._readers_lock:
+                self._reader_cursors.append(cur)
+        return cur
+
+    def _drop_reader(self, cur: duckdb.DuckDBPyConnection) -> None:
+        if self.shared and getattr(self._readers, "cur", None) is cur:
+            self._readers.cur = None
+            with self._readers_lock:
+                self._reader_cursors.remove(cur)
+            cur.close()
+
+    def _close_readers(self) -> None:
+        with self._readers_lock:
+            for cur in self._reader_cursors:
+                cur.close()
+            self._reader_cursors.clear()
