@@ -81,7 +81,9 @@ How a served studio holds under load and faults (kept true with the code):
   event loop (``asyncio.to_thread``), except the hover card's token texts (at most 1 s, then ``#id``
   for 30 s).
 - In a notebook the ``Studio`` object is the owner of its store: the served studio and a notebook
-  cannot hold the same file at once (DuckDB), and ``studio.open`` says so.
+  cannot hold the same file at once (DuckDB), and ``studio.open`` says so. A shared store
+  (``--db`` a shared store's folder or a ``postgresql://`` URL) they open together, with CLI
+  imports and mini-runs beside them; the pages pick up the others' commits (``follow_tails``).
 - Every model or user string is rendered through ``widgets.base.style.esc`` into HTML panes;
   Tabulator's plaintext formatter escapes table cells. No Markdown pane shows user text.
 """
@@ -156,8 +158,12 @@ def build_parser(prog: str = "launch.py") -> argparse.ArgumentParser:
     from studio.store import default_db_path
 
     ap = argparse.ArgumentParser(prog=prog, description="Serve Rollout Studio.")
-    ap.add_argument("--db", type=Path, default=None,
-                    help=f"DuckDB store; created and seeded with sample rollouts if missing (default {default_db_path()})")
+    # a str, not a Path: a team store's postgresql://user@host/db URL would lose its "//" in a Path
+    ap.add_argument("--db", default=None,
+                    help="the store: a DuckDB file, created and seeded with sample rollouts if missing (default "
+                         f"{default_db_path()}); a shared store's folder (`rollout-studio store create --shared`), "
+                         "whose tables are made and seeded if its catalog is empty; or a team catalog's "
+                         "postgresql://user@host:port/db URL (password from PGPASSWORD or ~/.pgpass)")
     ap.add_argument("--policy", default=None,
                     help="policy for Generate and Branch: a folder, or a backend URL such as http://gpu-box:8000 "
                          "(`rollout-studio backend`, vLLM, SGLang); default: the sample policy")
@@ -255,7 +261,8 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
         app = create_app(db, policy, store=store, admins=admins)
         app.server_doc()  # builds every Bokeh model, as a browser session would
         c = store.counts()
-        print(f"ok: {db} ({c['rollouts']} rollouts, {c['tokens']} tokens, {c['runs']} runs); policy {policy}")
+        print(f"ok: {store.describe()} ({c['rollouts']} rollouts, {c['tokens']} tokens, {c['runs']} runs); "
+              f"policy {policy}")
         store.close()
         return 0
 
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
         auth.update(basic_auth=args.basic_auth, cookie_secret=args.cookie_secret or os.urandom(24).hex())
     if args.oauth_provider:
         auth.update(oauth_provider=args.oauth_provider, cookie_secret=args.cookie_secret or os.urandom(24).hex())
-    print(f"Rollout Studio on http://{args.address}:{args.port}  (store {db}, policy {policy})", flush=True)
+    print(f"Rollout Studio on http://{args.address}:{args.port}  ({store.describe()}, policy {policy})", flush=True)
     serving_diagnostics()
     # Signed session ids (a key made per start): a page's session id is one this server made, never one
     # a request names (which would let a client pick, or guess, another person's session; a blank one
