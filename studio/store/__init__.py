@@ -46,13 +46,17 @@ def default_query_timeout() -> float:
     return float(os.environ.get("ROLLOUT_STUDIO_QUERY_TIMEOUT", "30"))
 
 
-def default_db_path() -> Path:
-    """``$ROLLOUT_STUDIO_DB`` or ``~/.local/share/rollout-studio/studio.duckdb``."""
+def default_db_path() -> Path | str:
+    """``$ROLLOUT_STUDIO_DB`` (a file, a shared store's folder, or a team catalog's URL, kept as it is)
+    or ``~/.local/share/rollout-studio/studio.duckdb``."""
     env = os.environ.get("ROLLOUT_STUDIO_DB")
     if env:
-        return Path(env).expanduser()
-    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
-    return base / "rollout-studio" / "studio.duckdb"
+        return env if "://" in env else Path(env).expanduser()
+    return _data_home() / "studio.duckdb"
+
+
+def _data_home() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "rollout-studio"
 
 
 
@@ -100,7 +104,7 @@ class Store(Reads, TokenView):
         checkpoints, uploads): the file's folder, a shared store's own folder, or for a team
         catalog named by URL the folder of the embedded default."""
         if self.kind == "memory" or self.path.startswith(("postgresql://", "postgres://")):
-            return default_db_path().parent
+            return _data_home()
         return Path(self.path) if self.shared else Path(self.path).expanduser().resolve().parent
 
     def describe(self) -> str:

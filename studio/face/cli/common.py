@@ -52,7 +52,9 @@ def _err(msg: str) -> None:
 def _db_argument(ap: argparse.ArgumentParser) -> None:
     from studio.store import default_db_path
 
-    ap.add_argument("--db", default=str(default_db_path()), help=f"the studio's DuckDB store (default {default_db_path()})")
+    ap.add_argument("--db", default=str(default_db_path()),
+                    help=f"the store: a DuckDB file (default {default_db_path()}), a shared store's folder or a "
+                         "team catalog's postgresql:// URL (docs/shared-store.md)")
 
 
 def _open(db: str):
