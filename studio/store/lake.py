@@ -17,7 +17,7 @@ uses it (:func:`use`).
 Credentials are never written into the folder's file or the catalog: PostgreSQL's come from libpq's
 ``PGPASSWORD`` or password file (``PGPASSFILE``, ``~/.pgpass``); object storage's from
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_ENDPOINT_URL`` / ``AWS_REGION`` or the JSON file
-``$ROLLOUT_STUDIO_S3_SECRETS`` with those keys.
+``$ROLLOUT_STUDIO_STORAGE_SECRETS`` with those keys.
 """
 from __future__ import annotations
 
@@ -273,16 +273,16 @@ def _wal(path: Path) -> None:
 
 
 def s3_settings() -> dict[str, str]:
-    """The object-storage settings of this process: ``$ROLLOUT_STUDIO_S3_SECRETS`` (a JSON file) then
+    """The object-storage settings of this process: ``$ROLLOUT_STUDIO_STORAGE_SECRETS`` (a JSON file) then
     the ``AWS_*`` environment variables, which win."""
     keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION")
     out: dict[str, str] = {}
-    file = os.environ.get("ROLLOUT_STUDIO_S3_SECRETS")
+    file = os.environ.get("ROLLOUT_STUDIO_STORAGE_SECRETS")
     if file:
         try:
             out.update({k: str(v) for k, v in json.loads(Path(file).expanduser().read_text()).items() if k in keys})
         except (OSError, ValueError, AttributeError) as exc:
-            raise SharedStoreError(f"ROLLOUT_STUDIO_S3_SECRETS={file} is not a readable JSON file of {', '.join(keys)} "
+            raise SharedStoreError(f"ROLLOUT_STUDIO_STORAGE_SECRETS={file} is not a readable JSON file of {', '.join(keys)} "
                                    f"({exc})") from None
     out.update({k: os.environ[k] for k in keys if os.environ.get(k)})
     return out
