@@ -36,7 +36,15 @@ from studio.queries.points import ScoredGroup, scored_group
 from studio.queries.reads import tokens as read_tokens
 from studio.queries.scoring import scored_rollouts_sql
 from studio.queries.table import RolloutFilter, rollout_table
-from studio.signals.advantages import EQUAL_TOL, Credit, gae, kl_in_reward, kl_token_rewards, outcome_rewards
+from studio.signals.advantages import (
+    EQUAL_TOL,
+    Credit,
+    gae,
+    kl_in_reward,
+    kl_token_rewards,
+    outcome_rewards,
+    spread_sql,
+)
 from studio.signals.steps import Segmenter, band, step_advantages, token_spans
 from studio.signals.turns import TurnCredit, gate_turns
 from studio.signals.turns import turn_advantages as turn_credit
@@ -367,7 +375,7 @@ def prompt_stats(store: Store, run_id: str | None = None, rule_version_id: str |
                                                [run_id] if run_id else [])
     df = store.df(f"""
         SELECT p.text AS prompt, count(*) AS n, avg(CASE WHEN s.accuracy >= 1 THEN 1.0 ELSE 0.0 END) AS pass_rate,
-               avg(s.reward) AS mean_reward, coalesce(var_samp(s.reward), 0) AS reward_var
+               avg(s.reward) AS mean_reward, coalesce({spread_sql('var_samp', 's.reward')}, 0) AS reward_var
         FROM ({base}) s JOIN prompts p USING (prompt_id) GROUP BY p.text ORDER BY reward_var DESC, p.text""", params)
     df["band"] = [band(x) for x in df["pass_rate"]]
     return df

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from studio.rewards.rules import versions
+from studio.signals.advantages import spread_sql
 from studio.store import Store
 
 
@@ -30,8 +31,8 @@ def length_correlation(store: Store) -> pd.DataFrame:
     """Per version: Pearson correlation of reward with completion length (tokens), and the
     slope in reward per 10 tokens. A rising correlation across versions is the classic
     sign of a length hack."""
-    df = store.df("""
-        SELECT rw.rule_version_id, corr(rw.value, ro.n_tokens) AS r,
+    df = store.df(f"""
+        SELECT rw.rule_version_id, {spread_sql('corr', 'rw.value', ', ro.n_tokens')} AS r,
                regr_slope(rw.value, ro.n_tokens) * 10 AS per_10_tokens, count(*) AS rollouts
         FROM rewards rw JOIN rollouts ro USING (rollout_id)
         WHERE rw.component = 'total' AND rw.value IS NOT NULL

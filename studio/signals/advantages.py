@@ -210,6 +210,13 @@ def all_equal_groups(rewards: np.ndarray, groups: np.ndarray, tol: float = EQUAL
 
 # ---------------------------------------------------------------------------- SQL twins
 
+def spread_sql(agg: str, x: str, rest: str = "", over: str = "") -> str:
+    """``agg(x rest) over`` for a variance-family aggregate (``stddev_samp``, ``var_samp``, ``corr``...):
+    NaN where ``x`` holds a NaN or an infinity, as DuckDB 2 returns it (DuckDB 1.5 raises "out of range")."""
+    return (f"CASE WHEN bool_and(isfinite({x})) {over} IS FALSE THEN 'nan'::DOUBLE "
+            f"ELSE {agg}(CASE WHEN isfinite({x}) THEN {x} END{rest}) {over} END")
+
+
 def _collapsed(reward: str, win: str, expr: str) -> str:
     """``expr``, or exactly 0 for an all-equal group (and NULL-safe for a group of one)."""
     return (f"CASE WHEN max({reward}) {win} - min({reward}) {win} <= {EQUAL_TOL!r} "
@@ -222,7 +229,8 @@ def grpo_sql(reward: str = "reward", group: str = "group_id", eps: float = GRPO_
     ``stddev_samp`` is NULL for a one-row group and ``coalesce`` turns that into 0.
     """
     win = f"OVER (PARTITION BY {group})"
-    return _collapsed(reward, win, f"({reward} - avg({reward}) {win}) / (stddev_samp({reward}) {win} + {float(eps)!r})")
+    std = spread_sql("stddev_samp", reward, over=win)
+    return _collapsed(reward, win, f"({reward} - avg({reward}) {win}) / ({std} + {float(eps)!r})")
 
 
 def dr_grpo_sql(reward: str = "reward", group: str = "group_id") -> str:
@@ -247,7 +255,7 @@ def reinforce_pp_sql(reward: str = "reward", group: str = "group_id", batch: str
     """
     win = f"OVER (PARTITION BY {batch})"
     return (f"CASE WHEN max(_a) {win} - min(_a) {win} <= {EQUAL_TOL!r} THEN 0.0 ELSE "
-            f"coalesce((_a - avg(_a) {win}) / (stddev_pop(_a) {win} + {float(eps)!r}), 0.0) END")
+            f"coalesce((_a - avg(_a) {win}) / ({spread_sql('stddev_pop', '_a', over=win)} + {float(eps)!r}), 0.0) END")
 
 
 # The same three estimators from one GROUP BY: per-group statistics joined back to the rows.
@@ -261,7 +269,7 @@ GROUP_STATS = {"grpo", "dr_grpo", "rloo"}  # estimators with a group-statistics 
 def group_stats_sql(reward: str = "reward") -> str:
     """Select list of the per-group statistics the ``*_from_stats`` forms read; use it as
     ``SELECT group_id, {group_stats_sql()} FROM … GROUP BY group_id`` and join it back."""
-    return (f"avg({reward}) AS _g_mean, stddev_samp({reward}) AS _g_std, sum({reward}) AS _g_sum, "
+    return (f"avg({reward}) AS _g_mean, {spread_sql('stddev_samp', reward)} AS _g_std, sum({reward}) AS _g_sum, "
             f"count({reward}) AS _g_n, max({reward}) - min({reward}) AS _g_spread")
 
 
