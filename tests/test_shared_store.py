@@ -56,6 +56,8 @@ def test_a_shared_store_gives_the_same_answers_as_a_store_file(tmp_path, shared)
         gid = a.groups()["group_id"].iloc[0]
         same(a.group(gid), b.group(gid))
         same(a.mismatch(), b.mismatch())
+        q = "SELECT r.kind, count(*) AS n, sum(ro.n_tokens) AS toks FROM runs r JOIN rollouts ro USING (run_id) GROUP BY 1"
+        same(a.sql(q), b.sql(q))  # the SQL console reads the same tables by the same names
         # writes: a new rule version (shared by content hash: scoring twice adds it once), then its rewards
         rule = tmp_path / "short.py"
         rule.write_text("def reward(prompt, completion, gold, steps, **ctx):\n    return {'short': -len(completion) / 100}\n")
@@ -254,3 +256,79 @@ def test_extensions_load_from_the_packages_with_downloads_off():
         con.execute(f"LOAD '{lake.extension_file(name)}'")
     loaded = {r[0] for r in con.execute("SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
     assert {"ducklake", "sqlite_scanner", "postgres_scanner", "httpfs"} <= loaded
+
+
+def test_a_mini_run_and_an_import_beside_an_open_store(shared, tmp_path):
+    """A mini-run (CLI, its own worker processes) and a CLI import run on the store while this
+    process keeps it open; both runs' rows reach it, and the checkpoints go in the store's folder."""
+    s = Store.open(shared)
+    try:
+        before = s.counts()["rollouts"]
+        lines = [{"prompt": f"Q: {a}+{a}=", "completion": f" {2 * a}", "reward": 1.0} for a in range(30)]
+        (tmp_path / "run.jsonl").write_text("".join(__import__("json").dumps(x) + "\n" for x in lines))
+        cli = [sys.executable, "-m", "studio.face.cli"]
+        mini = subprocess.Popen([*cli, "minirun", "--db", str(shared), "--steps", "2", "--prompts-per-step", "2",
+                                 "--group-size", "4", "--max-new-tokens", "12", "--checkpoint-every", "2"],
+                                cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        imp = subprocess.run([*cli, "import", str(tmp_path / "run.jsonl"), "--db", str(shared), "--format", "generic",
+                              "--name", "beside", "--map", "prompt=prompt", "--map", "completion=completion",
+                              "--map", "reward=reward"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        out, err = mini.communicate(timeout=600)
+        assert imp.returncode == 0, imp.stderr[-2000:]
+        assert mini.returncode == 0, err[-2000:]
+        runs = s.df("SELECT name, kind, status FROM runs WHERE kind IN ('minirun', 'import') AND status = 'done'")
+        assert "beside" in set(runs["name"]) and (runs["kind"] == "minirun").any()
+        assert s.counts()["rollouts"] >= before + 30 + 2 * 2 * 4
+        assert any((shared / "checkpoints").rglob("*.safetensors"))  # Store.home: the shared store's folder
+    finally:
+        s.close()
+
+
+IMPORTER = """
+import sys
+from studio.ingest.formats import ColumnMapping
+from studio.ingest.importers import import_run
+from studio.store import Store
+import_run(Store.open(sys.argv[1]), [sys.argv[2]], fmt="generic", name="doomed",
+           mapping=ColumnMapping(prompt="prompt", completion="completion", reward="reward", token_texts="tokens"),
+           progress=lambda done, total: print("read", done, total, flush=True))
+"""
+
+
+def test_a_killed_import_leaves_no_rows_and_frees_the_store(shared, tmp_path):
+    """SIGKILL an import once it has written data files but not committed: nothing of it is
+    visible, the write lock is free again, and the store takes the next write."""
+    import json
+    import signal
+    import time
+
+    src = tmp_path / "big.jsonl"
+    toks = [f" t{j}" for j in range(25)]
+    with src.open("w") as fh:
+        for i in range(150_000):
+            fh.write(json.dumps({"prompt": f"Q: {i}+1=", "completion": "".join(toks), "tokens": toks,
+                                 "reward": 0.5}) + "\n")
+    s = Store.open(shared)
+    before = s.counts()
+    files = lambda: len(list((shared / "data").rglob("*.parquet")))  # noqa: E731
+    n_files = files()
+    proc = subprocess.Popen([sys.executable, "-c", IMPORTER, str(shared), str(src)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        while files() == n_files and proc.poll() is None:  # its first data file is written: mid-transaction
+            time.sleep(0.02)
+        assert proc.poll() is None, "the import ended before it could be killed"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    try:
+        assert files() > n_files  # it had written data, uncommitted
+        assert s.counts() == before
+        assert s.scalar("SELECT count(*) FROM runs WHERE name = 'doomed'") == 0
+        s.write({"runs": pd.DataFrame([{"run_id": "after-kill", "kind": "import", "status": "done"}])})  # lock freed
+        assert s.scalar("SELECT count(*) FROM runs WHERE run_id = 'after-kill'") == 1
+    finally:
+        s.close()
+    s = Store.open(shared)  # and it opens again (the orphaned files are not listed by the catalog)
+    assert s.counts()["rollouts"] == before["rollouts"]
+    s.close()
