@@ -11,6 +11,7 @@
     rollout-studio minirun   [--steps N] [--resume RUN_ID] …            retrain the policy (a mini-run)
     rollout-studio backend   --policy PATH [--port N] …                 a policy over HTTP (OpenAI API)
     rollout-studio task      add NAME FILE… [--preset P] | list | show NAME   prompt sets as tasks
+    rollout-studio store     create --shared PATH | copy SRC DST | info | compact   the store itself
 
 One module per subcommand (``studio/face/cli/<name>.py``, each with ``main(argv, prog)``); the
 documented older names ``python -m studio.rules|importers|enrich|minirun|curation`` run the same
@@ -50,6 +51,7 @@ COMMANDS = {
     "minirun": ("minirun", "retrain the policy with a mini-run and store every step"),
     "backend": ("backend", "serve a policy over HTTP with the OpenAI-compatible completions API"),
     "task": ("task", "bring a prompt set (JSONL, Parquet, CSV, a datasets folder) as a task; list and show tasks"),
+    "store": ("store", "make a shared store, copy a store between a file and a shared one, show or compact one"),
 }
 
 
