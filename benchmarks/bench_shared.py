@@ -193,16 +193,45 @@ def start_import(db: Path, files: list[Path], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-class Browsing:
-    """One condition's clicks and errors; with an import, the clicks answered while it ran and its time."""
+class Stamped(list):
+    """A list that notes when each item came (bench_load's reader appends its clicks and errors to lists)."""
 
     def __init__(self):
-        self.latencies: list[float] = []
-        self.errors: list[str] = []
+        super().__init__()
+        self.times: list[float] = []
+
+    def append(self, item) -> None:
+        self.times.append(time.perf_counter())
+        super().append(item)
+
+    def extend(self, items) -> None:
+        for item in items:
+            self.append(item)
+
+
+class Browsing:
+    """One condition's clicks and errors, each with its time; with an import, when it ran."""
+
+    def __init__(self):
+        self.latencies, self.errors = Stamped(), Stamped()
         self.opens: list[float] = []
-        self.during: int | None = None  # clicks answered before the import ended (None: no import)
-        self.import_s: float | None = None
+        self.import_span: tuple[float, float] | None = None  # perf_counter at its start and its exit
         self.import_rc: int | None = None
+
+    def during(self) -> list[float]:
+        """The clicks answered while the import ran (every click where there was none)."""
+        if self.import_span is None:
+            return list(self.latencies)
+        t0, t1 = self.import_span
+        return [ms for t, ms in zip(self.latencies.times, self.latencies, strict=True) if t0 <= t <= t1]
+
+    def when(self, i: int) -> str:
+        """When error ``i`` came, against the import's run (a click that timed out began 10 s before)."""
+        if self.import_span is None:
+            return ""
+        t, (t0, t1) = self.errors.times[i], self.import_span
+        return (f" [{t - t1:+.1f} s after the import's exit]" if t > t1 else
+                f" [{t - t0:.1f} s into the import]")
 
 
 async def browse(url: str, n: int, seconds: float, importer=None) -> Browsing:
@@ -216,12 +245,9 @@ async def browse(url: str, n: int, seconds: float, importer=None) -> Browsing:
     if importer is not None:
         started = time.perf_counter()
         proc = importer()
-        while proc.poll() is None and not all(r.done() for r in readers):
-            await asyncio.sleep(0.05)
-        b.during = len(b.latencies)  # the clicks answered so far: beside the import
         while proc.poll() is None:
-            await asyncio.sleep(0.1)
-        b.import_s, b.import_rc = time.perf_counter() - started, proc.returncode
+            await asyncio.sleep(0.05)
+        b.import_span, b.import_rc = (started, time.perf_counter()), proc.returncode
     await asyncio.gather(*readers)
     return b
 
@@ -237,7 +263,7 @@ def serve(db: Path, log: Path, conditions: list[tuple[str, object]], a) -> dict[
         for name, importer in conditions:
             since = len(log.read_text())
             b = asyncio.run(browse(url, a.sessions, a.seconds, importer))
-            b.errors += [f"server traceback:\n{tb}" for tb in server_tracebacks(log.read_text()[since:])]
+            b.errors.extend(f"server traceback:\n{tb}" for tb in server_tracebacks(log.read_text()[since:]))
             out[name] = b
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -268,27 +294,31 @@ def concurrent(tmp: Path, a) -> list[dict]:
     finally:
         store.close()
     imp = results["shared store + import"]
-    errors = [f"{name}: {e}" for name, b in results.items() for e in b.errors]
+    errors = [f"{name}: {e}{b.when(i)}" for name, b in results.items() for i, e in enumerate(b.errors)]
     if imp.import_rc != 0:
         errors.append(f"the import exited {imp.import_rc}:\n{(tmp / 'import.log').read_text()[-2000:]}")
     if (got_ro, got_tok) != (n_ro, n_tok) or total != seeded[str(shared_db)] + n_ro:
         errors.append(f"rows: the import stored {got_ro:,} rollouts / {got_tok:,} tokens of {n_ro:,} / {n_tok:,}; "
                       f"the store has {total:,} rollouts ({seeded[str(shared_db)]:,} seeded)")
     print((tmp / "import.log").read_text().strip(), flush=True)
-    print(f"import: {n_ro:,} rollouts + {n_tok:,} tokens in {imp.import_s:.1f} s (process start to exit); in the "
+    print(f"import: {n_ro:,} rollouts + {n_tok:,} tokens in {imp.import_span[1] - imp.import_span[0]:.1f} s "
+          f"(process start to exit); in the "
           f"store afterwards: {got_ro:,} rollouts + {got_tok:,} tokens of its run, {total:,} rollouts in all "
           f"({seeded[str(shared_db)]:,} seeded)", flush=True)
     print(f"\n{'condition':24s} {'clicks':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'max ms':>8s} {'errors':>6s}")
-    for name, b in results.items():
-        lat = b.latencies if b.during is None else b.latencies[:b.during]
+    rows = [(name, b.during(), len(b.errors)) for name, b in results.items()]
+    t1 = imp.import_span[1]
+    rows.append(("  after the import", [ms for t, ms in zip(imp.latencies.times, imp.latencies, strict=True)
+                                        if t > t1], None))  # its rows shown: the pages refreshed
+    for name, lat, n_err in rows:
         if lat:
             print(f"{name:24s} {len(lat):7d} {statistics.median(lat):8.1f} {bench_load.p95(lat):8.1f} "
-                  f"{max(lat):8.1f} {len(b.errors):6d}" + ("" if b.during is None else
-                                                             f"   (while the import ran; {len(b.latencies):,} in all)"))
+                  f"{max(lat):8.1f} {'' if n_err is None else n_err:>6}"
+                  + ("   (answered while the import ran)" if name == "shared store + import" else ""))
     for e in errors[:10]:
         print("  error:", e[:1000])
     base = bench_load.p95(results["file store"].latencies)
-    during = imp.latencies[:imp.during]
+    during = imp.during()
     if len(during) < 20:
         print(f"  note: only {len(during)} clicks were answered while the import ran: the p95 is a thin one "
               "(raise --import-rollouts)")
