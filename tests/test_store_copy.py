@@ -285,6 +285,13 @@ def test_a_team_store_copy_and_info_never_show_the_password(src, tmp_path, postg
     code, by_url, err = cli(capsys, "info", "--db", db.url)
     assert code == 0 and f"store\t{db.url}" in by_url and f"data\t{tmp_path / 'team' / 'data'}/" in by_url
     assert copy_store(db.url, tmp_path / "back.duckdb") == counts
+    # a new folder on a catalog that holds a store already: refused, that store unchanged
+    with pytest.raises(StoreError, match=f"the catalog {db.url} already holds rows .*rollouts 1,728"):
+        copy_store(src, tmp_path / "second", catalog=db.url)
+    code, _, err = cli(capsys, "create", "--shared", str(tmp_path / "third"), "--catalog", db.url)
+    assert code == 2 and "already holds rows" in err
+    assert not (tmp_path / "second").exists() and not (tmp_path / "third").exists()
+    assert copy_store(db.url, tmp_path / "again.duckdb") == counts
     # a password written into the folder's file by hand is used, never shown
     monkeypatch.delenv("PGPASSWORD")
     marker = tmp_path / "team" / lake.MARKER

@@ -138,7 +138,6 @@ class _Target:
     def __init__(self, dst: str | Path, catalog: str | None, data: str | None):
         self.dst = dst
         self._tmp: Path | None = None
-        self._made: Path | None = None  # a shared store's folder this copy made
         self._undo: Callable[[], None] = lambda: None
         if lake.is_shared(dst):
             if catalog or data:
@@ -158,7 +157,11 @@ class _Target:
             raise StoreError(f"{path} already exists; copy into a new path (nothing was changed)")
         self._tmp = path.with_name(f".{path.name}.copying-{os.getpid()}")
         _remove_file(self._tmp)
-        self.store = Store.open(self._tmp)
+        try:
+            self.store = Store.open(self._tmp)
+        except BaseException:
+            _remove_file(self._tmp)
+            raise
 
     def finish(self) -> None:
         """Keep the copy: a file is checkpointed and renamed to its path."""
@@ -191,6 +194,7 @@ def new_shared(path: str | Path, catalog: str | None = None, data: str | None = 
     Raises:
         SharedStoreError: ``path`` is not new or an empty folder, the URL carries a password, or the
             catalog cannot be reached.
+        StoreError: the PostgreSQL catalog already holds a store with rows (open that one instead).
     """
     folder = Path(path).expanduser().resolve()
     existed = folder.is_dir()
@@ -199,24 +203,26 @@ def new_shared(path: str | Path, catalog: str | None = None, data: str | None = 
     made = lake.create_shared(folder, catalog, data)
 
     def undo() -> None:
-        if existed:
-            for child in made.iterdir():
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        else:
-            shutil.rmtree(made, ignore_errors=True)
+        for child in list(made.iterdir()) if existed else [made]:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
         if data_dir is not None and not data_existed:
             shutil.rmtree(data_dir, ignore_errors=True)
 
     try:
+        if catalog:  # a database of its own, but it may hold a store already: never added to
+            _refuse_rows(made, f"the catalog {lake.redacted(catalog)}")
         return Store.open(made, seed_dir=seed_dir), undo
     except BaseException:
         undo()
         raise
 
 
-def _refuse_rows(dst: str | Path) -> None:
+def _refuse_rows(dst: str | Path, what: str | None = None) -> None:
     """Refuse an existing shared store that holds rows, looking without opening it as a Store (which
-    could mark its runs interrupted or migrate it)."""
+    could mark its runs interrupted or migrate it); ``what`` names it in the message."""
     spec = lake.spec_of(dst)
     con = lake.connect(spec)
     try:
@@ -229,8 +235,8 @@ def _refuse_rows(dst: str | Path) -> None:
     held = {t: n for t, n in rows.items() if n}
     if held:
         listed = ", ".join(f"{t} {n:,}" for t, n in held.items())
-        raise StoreError(f"{spec.name} already holds rows ({listed}); copy into a new path or an empty shared "
-                         "store (nothing was changed)")
+        raise StoreError(f"{what or spec.name} already holds rows ({listed}); give a new path, an empty shared "
+                         "store or an empty catalog database (nothing was changed)")
 
 
 def _copy(source: Store, target: Store, progress: Progress | None) -> dict[str, int]:
