@@ -301,3 +301,28 @@ def test_a_team_store_copy_and_info_never_show_the_password(src, tmp_path, postg
     assert code == 0, err
     for text in (out, err, by_url, by_hand):
         assert postgres.password not in text
+
+
+def test_a_copy_onto_object_storage_and_back(src, tmp_path, postgres, s3, monkeypatch):
+    monkeypatch.setattr(store_copy, "BATCH_ROWS", 10_000)
+    for key, value in {**postgres.env, **s3.env}.items():
+        monkeypatch.setenv(key, value)
+    db = postgres.new_database("copy_s3")
+
+    def objects() -> list[str]:
+        listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="copied/")
+        return [o["Key"] for o in listed.get("Contents", [])]
+
+    def ctrl_c(table, done, total):
+        if table == "tokens" and done >= 30_000:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        copy_store(src, tmp_path / "team", catalog=db.url, data=s3.data_path("copied"), progress=ctrl_c)
+    assert not (tmp_path / "team").exists() and objects() == []
+    counts = copy_store(src, tmp_path / "team", catalog=db.url, data=s3.data_path("copied"))
+    assert objects() and all(k.endswith(".parquet") for k in objects())
+    assert copy_store(tmp_path / "team", tmp_path / "back.duckdb") == counts
+    before, after = every_table(src), every_table(tmp_path / "back.duckdb")
+    for table, frame in before.items():
+        pd.testing.assert_frame_equal(after[table], frame, obj=table)
