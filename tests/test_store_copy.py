@@ -292,6 +292,8 @@ def test_a_team_store_copy_and_info_never_show_the_password(src, tmp_path, postg
     assert code == 2 and "already holds rows" in err
     assert not (tmp_path / "second").exists() and not (tmp_path / "third").exists()
     assert copy_store(db.url, tmp_path / "again.duckdb") == counts
+    code, compacted, err = cli(capsys, "compact", "--db", db.url)
+    assert code == 0 and compacted.startswith("data files\t"), err
     # a password written into the folder's file by hand is used, never shown
     monkeypatch.delenv("PGPASSWORD")
     marker = tmp_path / "team" / lake.MARKER
@@ -299,7 +301,7 @@ def test_a_team_store_copy_and_info_never_show_the_password(src, tmp_path, postg
     marker.write_text(json.dumps(spec | {"catalog": f"{spec['catalog']} password={postgres.password}"}))
     code, by_hand, err = cli(capsys, "info", "--db", str(tmp_path / "team"))
     assert code == 0, err
-    for text in (out, err, by_url, by_hand):
+    for text in (out, err, by_url, compacted, by_hand):
         assert postgres.password not in text
 
 
