@@ -3,6 +3,7 @@ import hashlib
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -427,3 +428,17 @@ def test_reads_share_one_watchdog_and_a_slow_one_is_still_stopped(seeded_store):
     with pytest.raises(QueryTimeout):
         seeded_store.df("SELECT sum(a.range * b.range) FROM range(300000) a, range(300000) b", timeout_s=0.3)
     assert seeded_store.scalar("SELECT count(*) FROM rollouts") == 512
+
+
+def test_a_store_file_written_by_duckdb_2_says_how_to_convert_it(tmp_path):
+    """``tests/data/store_duckdb2.duckdb``: an empty store the studio wrote under DuckDB 2.0.1 (before
+    it moved to 1.5.5 for shared stores). DuckDB 1.5 cannot read it: the message says how to convert
+    it, and the file is left as it was."""
+    import shutil
+
+    path = tmp_path / "old.duckdb"
+    shutil.copy(Path(__file__).parent / "data" / "store_duckdb2.duckdb", path)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"written by a newer DuckDB.*pip install duckdb==2.0.1.*STORAGE_VERSION"):
+        Store.open(path)
+    assert path.read_bytes() == before

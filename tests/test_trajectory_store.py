@@ -87,7 +87,7 @@ def test_a_schema_8_store_migrates_without_loss(tmp_path):
     con.close()
     assert before["rollouts"] > 0 and before["token_rows"] > 0
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "10"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "11"
     after = {t: s.scalar(f"SELECT count(*) FROM {t}") for t in ("rollouts", "tokens", "rewards")}
     assert after == {"rollouts": before["rollouts"], "tokens": before["token_rows"], "rewards": before["rewards"]}
     assert s.df("SELECT sum(logprob) a, sum(entropy) b, count(DISTINCT rollout_id) c FROM tokens").iloc[0].tolist() \
@@ -115,7 +115,7 @@ def test_a_schema_9_store_gains_the_mismatch_columns_without_loss(tmp_path):
     n_turns = con.execute("SELECT count(*) FROM turns").fetchone()[0]
     con.close()
     s = Store.open(path)
-    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "10"
+    assert s.scalar("SELECT value FROM meta WHERE key='schema_version'") == str(schema.SCHEMA_VERSION) == "11"
     got = s.df("SELECT count(*) n, sum(logprob) lp, count(trained) FILTER (NOT trained) masked, "
                "count(train_logprob) tl, count(train_rank) tr FROM tokens").iloc[0]
     assert [got.n, got.lp, got.masked] == pytest.approx(list(sums)) and sums[2] > 0

@@ -92,6 +92,7 @@ class Store(Reads, TokenView):
         self._file_lock = WriteLock(path) if spec is not None and spec.catalog.startswith("sqlite:") else None
         self._sharded = False  # the store lists token shards (see tokens_between)
         self._init_reads()
+        self._column_order: dict[str, list[str]] = {}  # table -> its columns as stored (Store.write)
         self.query_timeout_s = default_query_timeout()
 
     @property
@@ -409,16 +410,29 @@ class Store(Reads, TokenView):
             if table == "runs" and "owner" not in names:  # whose run it is (a shared store's open reads it)
                 frame = _with_column(frame, "owner", OWNER)
                 names.append("owner")
-            view = f"_incoming_{i}"
+            if table not in ("prompts", "rule_versions"):
+                # a relation, not a registered view: DuckDB 1.5 keeps a view's frame until the transaction
+                # ends, so a large import's batches would all stay in memory
+                rel = cur.from_arrow(frame) if isinstance(frame, pa.Table) else cur.from_df(frame)
+                order = self._columns_of(cur, schema.physical(table))
+                rel.select(", ".join(c if c in names else f"NULL AS {c}" for c in order)).insert_into(
+                    schema.physical(table))
+                continue
+            view = f"_incoming_{i}"  # shared by content hash: a second insert is a no-op
             cur.register(view, frame)
             try:
                 cols = ", ".join(names)
-                if table in ("prompts", "rule_versions"):  # shared by content hash: a second insert is a no-op
-                    self._insert_new(cur, table, f"SELECT {cols} FROM {view}", [], cols)
-                else:
-                    cur.execute(f"INSERT INTO {schema.physical(table)} ({cols}) SELECT {cols} FROM {view}")
+                self._insert_new(cur, table, f"SELECT {cols} FROM {view}", [], cols)
             finally:
                 cur.unregister(view)
+
+    def _columns_of(self, cur: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+        """``table``'s columns in the order the store holds them (a migrated store appends new ones)."""
+        if table not in self._column_order:
+            self._column_order[table] = [r[0] for r in cur.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = current_schema() AND table_name = ? ORDER BY column_index", [table]).fetchall()]
+        return self._column_order[table]
 
     def _insert_new(self, cur: duckdb.DuckDBPyConnection, table: str, select: str, params: list,
                     cols: str | None = None) -> None:
@@ -463,7 +477,16 @@ def _connect(path: Path) -> duckdb.DuckDBPyConnection:
         if isinstance(exc, duckdb.IOException) and "lock" in first.lower():
             raise StoreError(
                 f"{path} is open in another process (DuckDB allows one). Close the other studio "
-                f"or CLI using it, or pass a different --db. ({first})") from None
+                f"or CLI using it, or pass a different --db, or make a shared store that many processes "
+                f"open at once (docs/shared-store.md). ({first})") from None
+        if isinstance(exc, duckdb.IOException) and "version number" in first.lower():
+            raise StoreError(
+                f"{path} was written by a newer DuckDB than this studio's {duckdb.__version__} (stores made "
+                "with DuckDB 2.0, before the studio moved to 1.5.5 for shared stores); it was not changed. "
+                "Convert it once with DuckDB 2.0 in another environment: pip install duckdb==2.0.1, then "
+                f"ATTACH '{path}' AS src (READ_ONLY); ATTACH 'converted.duckdb' AS dst (STORAGE_VERSION "
+                "'v1.5.0'); COPY FROM DATABASE src TO dst; and open converted.duckdb (move its .shards "
+                f"folder beside it too). ({first})") from None
         raise StoreError(
             f"{path} is not a readable DuckDB store ({first}). It may be corrupt, unreadable or not a "
             "DuckDB file; it was not changed. Pass another path with --db to start a fresh store.") from None
