@@ -196,7 +196,8 @@ class Store(Reads, TokenView):
             if fresh:
                 with store.transaction() as cur:  # under the write lock: two first opens make the tables once
                     fresh = store._no_tables(cur)
-                    if fresh:
+                    if fresh:  # (options first: they apply to the data files written after them)
+                        cur.execute(f"CALL {lake.LAKE}.set_option('parquet_row_group_size', {lake.ROW_GROUP_ROWS})")
                         store._create(cur)
             if fresh:
                 for folder in _folders(seed_dir):

@@ -40,6 +40,10 @@ FORMAT = "rollout-studio-shared"
 # rows an insert keeps in the catalog itself rather than in a new Parquet file: a mini-run step's or a
 # rule's few rows would otherwise each leave a small file behind (``store compact`` merges what remains)
 INLINE_ROWS = 1000
+# rows per Parquet row group of the data files (DuckLake's default is 122,880): a point read (one
+# rollout's tokens, a group's rewards) decodes one row group, and Parquet has no index finer than
+# its row groups' min/max; 10k rows halved a token-strip click at 1M rollouts for ~6% more bytes
+ROW_GROUP_ROWS = 10_240
 
 
 class SharedStoreError(StoreError):
