@@ -29,7 +29,9 @@ FIGURES = {
     # smoke runs on the CPU too (a tiny Qwen2 stands in for the 0.5B one); the chat policy is full runs only
     "bench_cuda": {f"{f}_{dt}_{m}" for f in ("cuda_sampling_tokens_per_s", "cuda_logprob_sample_vs_score_max_abs_diff",
                                               "cuda_train_step_s")
-                   for dt in ("fp32", "bf16") for m in ("sample_policy", "qwen2_0p5b")},
+                   for dt in ("fp32", "bf16") for m in ("sample_policy", "qwen2_0p5b")}
+                  | {f"cuda_mismatch_bf16_vs_fp32_{s}_abs_delta_{m}" for s in ("mean", "max")
+                     for m in ("sample_policy", "qwen2_0p5b")},
     "bench_cuda_agent": {f"cuda_agent_tokens_per_s_{dt}_{m}" for dt in ("fp32", "bf16")
                          for m in ("agent_policy", "qwen2_0p5b")},
     "bench_export": {"export_1m_s"},
