@@ -332,3 +332,36 @@ def test_a_killed_import_leaves_no_rows_and_frees_the_store(shared, tmp_path):
     s = Store.open(shared)  # and it opens again (the orphaned files are not listed by the catalog)
     assert s.counts()["rollouts"] == before["rollouts"]
     s.close()
+
+
+def test_a_bulk_import_writes_its_tokens_as_one_data_file_of_the_lake(shared, tmp_path, monkeypatch):
+    """The file store's shard path on a shared store: a large import's token rows stream into one
+    Parquet file in the lake's token_rows folder, which its commit adds to the lake."""
+    import json
+
+    from studio.ingest.formats import ColumnMapping
+    from studio.ingest.importers import import_run
+    from studio.store import shards
+
+    monkeypatch.setattr(shards, "SHARD_MIN_ROWS", 1_000)
+    toks = [f" t{j}" for j in range(10)]
+    src = tmp_path / "run.jsonl"
+    src.write_text("".join(json.dumps({"prompt": f"Q: {i}+1=", "completion": "".join(toks), "tokens": toks,
+                                       "reward": 1.0}) + "\n" for i in range(500)))
+    s = Store.open(shared)
+    try:
+        before = s.counts()
+        import_run(s, [src], fmt="generic", name="bulk",
+                   mapping=ColumnMapping(prompt="prompt", completion="completion", reward="reward", token_texts="tokens"))
+        files = list((shared / "data" / "main" / "token_rows").glob("shard_*.parquet"))
+        assert len(files) == 1
+        listed = s._con.execute("SELECT path FROM __ducklake_metadata_lake.ducklake_data_file "
+                                "WHERE end_snapshot IS NULL").fetchall()
+        assert files[0].name in {Path(p).name for (p,) in listed}
+        assert s.counts()["tokens"] == before["tokens"] + 5_000
+        got = s.df("SELECT t.token_text FROM tokens t JOIN rollouts r USING (rollout_id) JOIN runs USING (run_id) "
+                   "WHERE runs.name = 'bulk' AND r.prompt_id = (SELECT prompt_id FROM prompts WHERE text = 'Q: 7+1=') "
+                   "ORDER BY t.pos")
+        assert got["token_text"].tolist() == toks
+    finally:
+        s.close()

@@ -29,6 +29,20 @@ class TokenView:
         none; a shared store's token rows are its own Parquet data files)."""
         return None if self.kind != "file" else Path(self.path).with_name(Path(self.path).name + ".shards")
 
+    @property
+    def bulk_dir(self) -> Path | None:
+        """Where a bulk import writes its token rows as one Parquet file (``shards.TokenSink``): a file
+        store's shard folder, or a shared store's own folder of ``token_rows`` data files when its data
+        is on a local or shared disk (the import's commit adds the file to the lake). None: the rows are
+        inserted (an in-memory store; data on object storage)."""
+        if self.kind != "shared":
+            return self.shard_dir
+        from studio.store import lake
+
+        root = self.spec.data_path or self._con.execute(
+            f"SELECT value FROM __ducklake_metadata_{lake.LAKE}.ducklake_metadata WHERE key = 'data_path'").fetchall()[0][0]
+        return None if "://" in root else Path(root) / "main" / schema.TOKEN_ROWS
+
     def shard_paths(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[Path]:
         """The token shards the store reads, in the order they were written."""
         return [f for f, _ in self._shards(cur)]
