@@ -271,7 +271,7 @@ def test_rollouts_gives_a_page_or_names_the_bad_argument(s, arg, value):
     "run": st.sampled_from(INJECTIONS), "prompt": st.sampled_from(INJECTIONS) | st.text(max_size=12),
     "group": st.sampled_from(INJECTIONS), "correct": st.sampled_from([True, False]),
     "reward": st.tuples(st.none() | st.floats(-1e300, 1e300), st.none() | st.floats(allow_nan=False)),
-    "step": st.integers(-2**63 + 1, 2**63 - 1), "limit": st.integers(1, 2**62), "offset": st.integers(0, 2**62)}))
+    "step": st.integers(-2**63 + 1, 2**63 - 1), "limit": st.integers(1, 2**62), "offset": st.integers(0, 2**62 - 1)}))
 def test_valid_filters_in_any_combination_are_a_query_not_a_change(s, filters):
     before = fingerprint(s.store)
     df = s.rollouts(**filters)
