@@ -37,7 +37,9 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     alice.locator(".tabulator-row").nth(0).click()
     alice.wait_for_selector(".token-strip .tok", timeout=20_000)
     alice.locator(".token-strip .tok").nth(3).click()
-    alice.wait_for_selector(".branch-button button", timeout=60_000)  # the first fork panel waits on the worker
+    # the first fork panel of the run waits on the worker and the policy's tokenizer, loaded cold in a fresh
+    # CI environment: a minute was once not enough there (a bound on the wait, not a timing)
+    alice.wait_for_selector(".branch-button button", timeout=180_000)
     ctx.close()
 
     ctx, bob = sign_in(browser, auth_server, "bob", "bob-pass")
