@@ -365,3 +365,19 @@ def test_a_bulk_import_writes_its_tokens_as_one_data_file_of_the_lake(shared, tm
         assert got["token_text"].tolist() == toks
     finally:
         s.close()
+
+
+def test_a_shared_store_folder_moved_as_a_whole_still_opens(shared, tmp_path):
+    """A local shared store keeps its data path relative to its folder: moved or renamed, it opens
+    with every row and takes new ones there."""
+    s = Store.open(shared)
+    n = s.counts()
+    s.close()
+    moved = shared.rename(tmp_path / "moved-store")
+    s = Store.open(moved)
+    try:
+        assert s.counts() == n
+        s.write({"runs": pd.DataFrame([{"run_id": "after-move", "kind": "import", "status": "done"}])})
+        assert not shared.exists() and s.scalar("SELECT count(*) FROM runs WHERE run_id = 'after-move'") == 1
+    finally:
+        s.close()
