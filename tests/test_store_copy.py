@@ -19,7 +19,7 @@ from sample_data import SEED_DIRS
 from studio.face.cli import run
 from studio.ingest.formats import ColumnMapping
 from studio.ingest.importers import import_run
-from studio.store import Store, StoreError, lake, schema, shards
+from studio.store import Store, StoreError, lake, schema, shards, upkeep
 from studio.store import copy as store_copy
 from studio.store.copy import copy_store
 
@@ -254,7 +254,7 @@ def test_compact_merges_small_files_and_keeps_every_row(tmp_path, capsys):
     for k in range(8):  # a tailed run's polls: each commit a file of its own (over the inlining limit)
         store.write({"tokens": pa.table({"rollout_id": [f"r{k}"] * 1500, "pos": list(range(1500))}),
                      "runs": pa.table({"run_id": [f"run{k}"], "kind": ["import"]})})
-    files = store_copy.inventory(store)["data_files"]
+    files = upkeep.inventory(store)["data_files"]
     want = rows(store, "tokens")
     store.close()
     on_disk = len(tree(tmp_path / "lake" / "data"))
@@ -269,7 +269,7 @@ def test_compact_merges_small_files_and_keeps_every_row(tmp_path, capsys):
     try:
         pd.testing.assert_frame_equal(rows(store, "tokens"), want)
         assert store.scalar("SELECT count(*) FROM runs") == 8
-        assert store_copy.inventory(store)["data_files"] == after
+        assert upkeep.inventory(store)["data_files"] == after
     finally:
         store.close()
     code, _, err = cli(capsys, "compact", "--db", str(tmp_path / "lake"), "--keep-hours", "-1")

@@ -317,15 +317,15 @@ def missing_data_files(con: duckdb.DuckDBPyConnection, spec: LakeSpec) -> tuple[
     lists, and the data folder (object storage is not checked file by file: a missing object fails
     the read that needs it)."""
     meta = f"__ducklake_metadata_{LAKE}"
-    root = con.execute(f"SELECT value FROM {meta}.ducklake_metadata WHERE key = 'data_path'").fetchall()
-    if "://" in (spec.data_path or (root[0][0] if root else "")):
+    root = spec.data_path or kept_data_path(con) or ""
+    if "://" in root:
         return [], 0, Path()
     rows = con.execute(
         f"""SELECT f.path, f.path_is_relative, t.table_name, t.path, t.path_is_relative, s.path, s.path_is_relative
             FROM {meta}.ducklake_data_file f JOIN {meta}.ducklake_table t USING (table_id)
             JOIN {meta}.ducklake_schema s USING (schema_id)
             WHERE f.end_snapshot IS NULL AND t.end_snapshot IS NULL""").fetchall()
-    base = Path(spec.data_path or (root[0][0] if root else ""))
+    base = Path(root)
     missing = []
     for path, rel, table, tpath, trel, spath, srel in rows:
         here = Path(path)
@@ -335,3 +335,10 @@ def missing_data_files(con: duckdb.DuckDBPyConnection, spec: LakeSpec) -> tuple[
         if not here.is_file():
             missing.append((table, here))
     return missing, len(rows), base
+
+
+def kept_data_path(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The data path the attached lake's catalog keeps (where a store named by URL has its data)."""
+    rows = con.execute(f"SELECT value FROM __ducklake_metadata_{LAKE}.ducklake_metadata "
+                       "WHERE key = 'data_path'").fetchall()
+    return rows[0][0] if rows else None

@@ -127,6 +127,7 @@ class TokenSink:
     def __init__(self, store, cur, run_id: str, min_rows: int | None = None):
         self.store, self.cur, self.run_id = store, cur, run_id
         self.min_rows = SHARD_MIN_ROWS if min_rows is None else min_rows
+        self._dir = store.bulk_dir  # read once (a shared store's asks its catalog)
         self.n_rows = 0
         self._pending: list[pa.Table] = []  # held until the import is known to be large
         self._pool: ThreadPoolExecutor | None = None
@@ -141,7 +142,7 @@ class TokenSink:
         self.n_rows += table.num_rows
         if self._pool is None:
             self._pending.append(table)
-            if self.store.bulk_dir is None or self.n_rows < self.min_rows:
+            if self._dir is None or self.n_rows < self.min_rows:
                 return
             self._start()
             pending, self._pending = self._pending, []
@@ -151,7 +152,7 @@ class TokenSink:
             self._submit(table)
 
     def _start(self) -> None:
-        folder = self.store.bulk_dir
+        folder = self._dir
         folder.mkdir(parents=True, exist_ok=True)
         self.shard_id = records.new_id("shard_")
         self.path = folder / f"{self.shard_id}-{uuid.uuid4().hex[:6]}.parquet"

@@ -39,9 +39,8 @@ class TokenView:
             return self.shard_dir
         from studio.store import lake
 
-        root = self.spec.data_path or self._con.execute(
-            f"SELECT value FROM __ducklake_metadata_{lake.LAKE}.ducklake_metadata WHERE key = 'data_path'").fetchall()[0][0]
-        return None if "://" in root else Path(root) / "main" / schema.TOKEN_ROWS
+        root = self.spec.data_path or lake.kept_data_path(self._con) or ""
+        return None if not root or "://" in root else Path(root) / "main" / schema.TOKEN_ROWS
 
     def shard_paths(self, cur: duckdb.DuckDBPyConnection | None = None) -> list[Path]:
         """The token shards the store reads, in the order they were written."""

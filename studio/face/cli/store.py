@@ -85,7 +85,7 @@ def _copy(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     from studio.store import Store
-    from studio.store.copy import inventory
+    from studio.store.upkeep import inventory
 
     store = Store.open_existing(args.db)
     try:
@@ -110,7 +110,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _compact(args: argparse.Namespace) -> int:
     from studio.store import Store
-    from studio.store.copy import compact
+    from studio.store.upkeep import compact
 
     if args.keep_hours < 0:
         raise ValueError(f"--keep-hours {args.keep_hours:g}: give 0 or more hours")
