@@ -229,7 +229,12 @@ class Store(Reads, TokenView):
                 f"{base} (first: {first}, of table {table}). Restore the data folder (or point the store's "
                 f"{lake.MARKER} at where it is now); nothing was changed.")
 
-    def _version(self, cur: duckdb.DuckDBPyConnection) -> int:
+    def schema_version(self, cur: duckdb.DuckDBPyConnection) -> int:
+        """The schema version the store records (0: none recorded), read through ``cur``.
+
+        Raises:
+            StoreError: the database is not a Rollout Studio store (no ``meta`` table).
+        """
         try:
             # fetchall, not fetchone: an unfinished result keeps the connection's transaction open, and
             # then DuckDB can never checkpoint (the WAL grows, CHECKPOINT fails while the store is open)
@@ -242,7 +247,7 @@ class Store(Reads, TokenView):
         return int(rows[0][0]) if rows else 0
 
     def _check_and_migrate(self) -> None:
-        version = self._version(self._con)
+        version = self.schema_version(self._con)
         if version > schema.SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} was written by a newer Rollout Studio (schema {version}); this "
@@ -252,11 +257,11 @@ class Store(Reads, TokenView):
             return
         try:
             with self.transaction() as cur:
-                version = self._version(cur)  # again, under the write lock: another process may have migrated it
+                version = self.schema_version(cur)  # again, under the write lock: another process may have migrated it
                 if version < schema.SCHEMA_VERSION:
                     self._migrate(cur, version)
         except duckdb.TransactionException as exc:  # a shared store another process migrated at the same moment
-            if not self.shared or self._version(self._con) != schema.SCHEMA_VERSION:
+            if not self.shared or self.schema_version(self._con) != schema.SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: the migration from schema {version} to {schema.SCHEMA_VERSION} "
                                  f"failed ({str(exc).splitlines()[0]}); the store was not changed. Open it again.") from None
 

@@ -108,7 +108,7 @@ def open_source(path: str | Path) -> Store:
 
 
 def _check_source(store: Store) -> None:
-    version = store._version(store.cursor())
+    version = store.schema_version(store.cursor())
     if version != schema.SCHEMA_VERSION:
         newer = version > schema.SCHEMA_VERSION
         raise StoreError(

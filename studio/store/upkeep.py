@@ -18,7 +18,7 @@ def inventory(store: Store) -> dict:
     """What ``store`` is and holds, for ``rollout-studio store info``: kind, where it is (never a
     credential), schema version, rows per table; a file's size and shards; a shared store's
     catalog, data path, live data files and their bytes, and its DuckLake snapshot id."""
-    out: dict = {"kind": store.kind, "store": store.path, "schema": store._version(store.cursor()),
+    out: dict = {"kind": store.kind, "store": store.path, "schema": store.schema_version(store.cursor()),
                  "rows": {t: store.scalar(f"SELECT count(*) FROM {t}") for t in schema.TABLES}}
     if store.shared:
         files, size = _data_files(store)
