@@ -140,8 +140,13 @@ def wait_text(page, locator, needle: str, timeout_s: float = 20) -> str:
 
 
 def open_row(page, n: int) -> None:
-    page.locator(".tabulator-row").nth(n).click()
+    """Open the table's ``n``-th row and wait until the strip shows that rollout (not the one shown
+    before the click: a card hovered on the old strip is redrawn away)."""
+    row = page.locator(".rollout-table .tabulator-row").nth(n)
+    completion = row.locator("[tabulator-field=completion]").inner_text()
+    row.click()
     page.wait_for_selector(".token-strip .tok", timeout=20_000)
+    wait_strip(page, completion)
 
 
 def rollouts_total(page) -> int:
