@@ -82,7 +82,7 @@ class Store(Reads, TokenView):
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, path: str, kind: str = "file",
-                 spec: lake.LakeSpec | None = None):
+                 spec: lake.LakeSpec | None = None, mirror: bool = True):
         self._con = con
         self.path = path
         self.kind = "memory" if path == ":memory:" else kind
@@ -91,7 +91,7 @@ class Store(Reads, TokenView):
         # across processes too, where the catalog is a SQLite file (studio.store.writelock)
         self._file_lock = WriteLock(path) if spec is not None and spec.catalog.startswith("sqlite:") else None
         self._sharded = False  # the store lists token shards (see tokens_between)
-        self._init_reads()
+        self._init_reads(mirror and self.kind == "shared")
         self._column_order: dict[str, list[str]] = {}  # table -> its columns as stored (Store.write)
         self.query_timeout_s = default_query_timeout()
 
@@ -116,16 +116,20 @@ class Store(Reads, TokenView):
 
     # -- opening -------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | Sequence[str | Path] | None = None) -> Store:
+    def open(cls, path: str | Path = ":memory:", seed_dir: str | Path | Sequence[str | Path] | None = None,
+             mirror: bool = True) -> Store:
         """Open ``path``, creating it (seeded from the Parquet files of ``seed_dir``, a folder or
         several, in order) if missing.
+
+        A shared store's reads go through a local mirror of its tables (``studio.store.mirror``),
+        made on the first read; ``mirror=False`` reads the lake itself (a command that reads little).
 
         Raises:
             StoreError: the file is not a DuckDB file, is locked by another process, or was
                 written by a newer version of the studio. The file is left untouched.
         """
         if lake.is_shared(path):
-            return cls._open_shared(path, seed_dir)
+            return cls._open_shared(path, seed_dir, mirror)
         if str(path) == ":memory:":
             store = cls(duckdb.connect(":memory:"), ":memory:")
             store._create()
@@ -149,7 +153,7 @@ class Store(Reads, TokenView):
         return store
 
     @classmethod
-    def open_existing(cls, path: str | Path) -> Store:
+    def open_existing(cls, path: str | Path, mirror: bool = True) -> Store:
         """Open a store that must already exist: commands that read or change stored rollouts
         (curation, rules, enrich) must not create an empty store at a mistyped path.
 
@@ -158,7 +162,7 @@ class Store(Reads, TokenView):
         """
         if not exists(path):
             raise StoreError(f"there is no studio store at {path}; give the path of one with --db")
-        return cls.open(path)
+        return cls.open(path, mirror=mirror)
 
     @classmethod
     def _build(cls, path: Path, seed_dir: str | Path | Sequence[str | Path] | None) -> None:
@@ -185,11 +189,11 @@ class Store(Reads, TokenView):
         cur.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(schema.SCHEMA_VERSION)])
 
     @classmethod
-    def _open_shared(cls, path: str | Path, seed_dir) -> Store:
+    def _open_shared(cls, path: str | Path, seed_dir, mirror: bool = True) -> Store:
         """Open the shared store at ``path``; make its tables (seeded from ``seed_dir``) when its catalog has none."""
         spec = lake.spec_of(path)
         con = lake.connect(spec)
-        store = cls(con, spec.name, kind="shared", spec=spec)
+        store = cls(con, spec.name, kind="shared", spec=spec, mirror=mirror)
         try:
             store._check_data_files()
             fresh = store._no_tables(store._con)  # a read: opening never waits for another process's write
@@ -328,6 +332,7 @@ class Store(Reads, TokenView):
     def close(self) -> None:
         self._close_readers()
         self._con.close()
+        self._close_mirror()
 
     # -- reading -------------------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
@@ -378,6 +383,7 @@ class Store(Reads, TokenView):
                 else:
                     try:
                         cur.execute("COMMIT")
+                        self._written()
                     except duckdb.TransactionException as exc:
                         if not self.shared or "conflict" not in str(exc).lower():
                             raise

@@ -2,7 +2,8 @@
 
 A mixin of :class:`studio.store.Store` (its connection, kind and cursors). A read past its limit is
 interrupted by the watchdog (``studio.store.watchdog``). On a shared store each thread keeps
-its read cursor: a new cursor's ``USE lake`` would cost a catalog transaction per read.
+its read cursor (a new cursor's ``USE lake`` would cost a catalog transaction per read), and reads
+go through the store's mirror (``studio.store.mirror``), brought up to date first.
 """
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ import pandas as pd
 
 from studio.store import lake
 from studio.store.errors import QueryTimeout, StoreError
+from studio.store.mirror import MIRROR, Mirror
 from studio.store.watchdog import _WATCHDOG
 
 
 class Reads:
     """The read half of :class:`~studio.store.Store`."""
 
-    def _init_reads(self) -> None:
+    def _init_reads(self, mirror: bool) -> None:
+        self._mirror_wanted = mirror  # a shared store opened for reading through a mirror
+        self._mirror: Mirror | None = None  # made on the first read
         self._readers = threading.local()  # a shared store's read cursor per thread (see _reader)
         self._readers_lock = threading.Lock()
         self._reader_cursors: list[duckdb.DuckDBPyConnection] = []
@@ -40,6 +44,7 @@ class Reads:
 
     def _read(self, sql, params, timeout_s, fetch):
         limit = self.query_timeout_s if timeout_s is None else timeout_s
+        self._mirror_current()
         cur = self._reader()
         token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
         try:
@@ -69,6 +74,8 @@ class Reads:
         cur = getattr(self._readers, "cur", None)
         if cur is None:
             cur = self._readers.cur = self.cursor()
+            if self._mirror is not None:
+                cur.execute(f"USE {MIRROR}")
             with self._readers_lock:
                 self._reader_cursors.append(cur)
         return cur
@@ -85,3 +92,27 @@ class Reads:
             for cur in self._reader_cursors:
                 cur.close()
             self._reader_cursors.clear()
+
+    # -- the mirror ----------------------------------------------------------------------
+    def _mirror_current(self) -> None:
+        """Make the mirror on the first read, and bring it up to date (``studio.store.mirror``)."""
+        if not self._mirror_wanted:
+            return
+        try:
+            if self._mirror is None:
+                with self._readers_lock:
+                    if self._mirror is None:
+                        self._mirror = Mirror(self._con, self.spec)
+            self._mirror.current()
+        except duckdb.IOException as exc:  # the catalog or the data out of reach
+            raise StoreError(lake.explain(self.spec, exc)) from None
+
+    def _written(self) -> None:
+        """This process committed: the mirror looks at the catalog before the next read."""
+        if self._mirror is not None:
+            self._mirror.stale()
+
+    def _close_mirror(self) -> None:
+        if self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None

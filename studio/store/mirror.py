@@ -1,0 +1,176 @@
+"""A shared store's read mirror: its tables but the per-token ones, copied into a local DuckDB file and
+kept at the catalog's latest snapshot.
+
+DuckLake reads its catalog on every query (the snapshot, the table's data files and their
+statistics): 5-10 ms a query with a SQLite catalog before any data is read, where a file store
+answers a point read in under one. A token-strip click makes five point reads, a page of the
+served studio dozens. The mirror keeps the tables those reads touch (rollouts, rewards, prompts,
+runs, ...) in a DuckDB file of this process's own, in a temporary folder deleted on close; the
+per-token tables (:data:`PER_TOKEN`, billions of rows in a real run) stay in the lake and the
+mirror holds views of them, so a query reads both without naming either.
+
+Before each read :meth:`Mirror.current` compares the catalog's latest snapshot with the
+mirror's and applies what the snapshots between say changed (``ducklake_snapshot_changes``):
+the rows inserted since (``ducklake_table_insertions``), a table copied again where rows were
+deleted or updated, everything copied again where a table was created, altered or dropped (a
+migration). The check is one SQLite statement where the catalog is a SQLite file, so a read
+always sees every committed row; a PostgreSQL catalog is asked at most every
+:data:`PG_CHECK_S` seconds, and at once after this process's own commit (:meth:`Mirror.stale`).
+Writes never go through the mirror: they run on the lake.
+"""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+
+from studio.store import lake
+
+PER_TOKEN = ("token_rows", "token_scores")  # read in the lake, through views
+MIRROR = "mirror"  # the attached database's name
+META = f"__ducklake_metadata_{lake.LAKE}"  # DuckLake's own name for the attached catalog
+PG_CHECK_S = 0.5  # how stale another process's commit may be seen through a PostgreSQL catalog
+INSERTS = frozenset({"inserted_into_table", "inlined_insert"})  # rows added: copied as they are
+DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: the table again
+QUIET = frozenset({"compacted_table", "merge_adjacent", "flushed_inlined"})  # the same rows, other files
+
+
+class Mirror:
+    """The mirror of one shared store's connection (see the module)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, spec: lake.LakeSpec):
+        self._con = con
+        self._dir = Path(tempfile.mkdtemp(prefix="rollout-studio-mirror-"))
+        con.execute(f"ATTACH {lake._lit(str(self._dir / 'mirror.duckdb'))} AS {MIRROR}")
+        self._lock = threading.Lock()
+        self.snapshot = -1  # the catalog's snapshot the mirror holds (-1: nothing yet)
+        self._stale = True
+        self._checked = 0.0
+        self._sqlite: Path | None = None  # a SQLite catalog, read directly: no DuckLake transaction
+        self._seen: tuple = ()  # the SQLite catalog's files as last looked at (see _latest)
+        self._latest_seen = -1
+        if spec.catalog.startswith("sqlite:"):
+            self._sqlite = Path(spec.catalog[len("sqlite:"):]).resolve()
+
+    def stale(self) -> None:
+        """This process committed: look at the catalog before the next read."""
+        self._stale = True
+
+    def current(self) -> None:
+        """Bring the mirror to the catalog's latest snapshot, where it is behind."""
+        if self._sqlite is None and not self._stale and time.monotonic() - self._checked < PG_CHECK_S:
+            return
+        latest = self._latest()
+        if latest != self.snapshot:
+            with self._lock:
+                if latest != self.snapshot:
+                    self._sync()
+        self._stale = False
+        self._checked = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self._con.execute(f"DETACH {MIRROR}")
+        except duckdb.Error:
+            pass  # the connection is closing: its file goes with the folder
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- syncing -------------------------------------------------------------------------
+    def _latest(self) -> int:
+        if self._sqlite is not None:
+            # every commit writes the catalog's WAL file: unchanged files (a stat each), the same snapshot
+            seen = tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None
+                         for p in (self._sqlite, self._sqlite.with_name(self._sqlite.name + "-wal")))
+            if seen != self._seen:
+                # a connection of its own each time: one kept open does not see DuckDB's SQLite commit
+                db = sqlite3.connect(self._sqlite.as_uri() + "?mode=ro", uri=True)
+                try:
+                    self._latest_seen = int(db.execute("SELECT max(snapshot_id) FROM ducklake_snapshot").fetchall()[0][0])
+                finally:
+                    db.close()
+                self._seen = seen
+            return self._latest_seen
+        cur = self._con.cursor()
+        try:
+            return int(cur.execute(f"SELECT max(snapshot_id) FROM {META}.ducklake_snapshot").fetchone()[0])
+        finally:
+            cur.close()
+
+    def _sync(self) -> None:
+        cur = self._con.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            # the transaction's own snapshot (the latest, or one committed since the check): all of it, at once
+            target = int(cur.execute(f"SELECT id FROM {lake.LAKE}.current_snapshot()").fetchone()[0])
+            plan = self._plan(cur, target) if self.snapshot >= 0 else None
+            if plan is None:
+                self._rebuild(cur, target)
+            else:
+                inserted, reloaded = plan
+                for table in reloaded:
+                    cur.execute(f"DELETE FROM {MIRROR}.main.{table}")
+                    cur.execute(f"INSERT INTO {MIRROR}.main.{table} SELECT * FROM {lake.LAKE}.main.{table} "
+                                f"AT (VERSION => {target})")
+                for table in inserted - reloaded:
+                    cur.execute(f"INSERT INTO {MIRROR}.main.{table} SELECT * FROM ducklake_table_insertions("
+                                f"'{lake.LAKE}', 'main', '{table}', {self.snapshot + 1}, {target})")
+            cur.execute("COMMIT")
+            self.snapshot = target
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        finally:
+            cur.close()
+
+    def _plan(self, cur: duckdb.DuckDBPyConnection, target: int) -> tuple[set[str], set[str]] | None:
+        """The mirrored tables with rows inserted, and those to copy again, between the mirror's
+        snapshot and ``target``; None where everything is copied again (the schema changed)."""
+        versions = cur.execute(f"SELECT DISTINCT schema_version FROM {META}.ducklake_snapshot "
+                               "WHERE snapshot_id IN (?, ?)", [self.snapshot, target]).fetchall()
+        if len(versions) != 1:
+            return None
+        names = dict(cur.execute(f"SELECT table_id, table_name FROM {META}.ducklake_table "
+                                 "WHERE end_snapshot IS NULL").fetchall())
+        inserted: set[str] = set()
+        reloaded: set[str] = set()
+        for (made,) in cur.execute(f"SELECT changes_made FROM {META}.ducklake_snapshot_changes "
+                                   "WHERE snapshot_id > ? AND snapshot_id <= ?", [self.snapshot, target]).fetchall():
+            for change in (made or "").split(","):
+                kind, _, ident = change.partition(":")
+                if not kind or kind in QUIET:
+                    continue
+                if kind not in INSERTS | DELETES or not ident.isdigit() or int(ident) not in names:
+                    return None  # a table created, altered or dropped; a kind of change not known here
+                table = names[int(ident)]
+                if table not in PER_TOKEN:
+                    (inserted if kind in INSERTS else reloaded).add(table)
+        return inserted, reloaded
+
+    def _rebuild(self, cur: duckdb.DuckDBPyConnection, target: int) -> None:
+        for (name,) in cur.execute("SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
+                                   [MIRROR]).fetchall():
+            cur.execute(f"DROP VIEW {MIRROR}.main.{name}")
+        for (name,) in cur.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ?",
+                                   [MIRROR]).fetchall():
+            cur.execute(f"DROP TABLE {MIRROR}.main.{name}")
+        tables = [r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+                                            "AND schema_name = 'main' ORDER BY 1", [lake.LAKE]).fetchall()]
+        for table in tables:
+            if table in PER_TOKEN:
+                cur.execute(f"CREATE VIEW {MIRROR}.main.{table} AS SELECT * FROM {lake.LAKE}.main.{table}")
+            else:
+                cur.execute(f"CREATE TABLE {MIRROR}.main.{table} AS SELECT * FROM {lake.LAKE}.main.{table} "
+                            f"AT (VERSION => {target})")
+        views = cur.execute("SELECT sql FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
+                            "AND NOT internal", [lake.LAKE]).fetchall()
+        cur.execute(f"USE {MIRROR}")  # a view's unqualified names read the mirror's tables
+        for (sql,) in views:
+            cur.execute(sql)
