@@ -316,7 +316,7 @@ def concurrent(tmp: Path, a) -> list[dict]:
                   f"{max(lat):8.1f} {'' if n_err is None else n_err:>6}"
                   + ("   (answered while the import ran)" if name == "shared store + import" else ""))
     for e in errors[:10]:
-        print("  error:", e[:1000])
+        print("  error:", e[-4000:] if "traceback" in e else e[:1000])  # a traceback's last lines say where
     base = bench_load.p95(results["file store"].latencies)
     during = imp.during()
     if len(during) < 20:

@@ -22,6 +22,8 @@ read scored every row (else ``queries.rollout_table_count``, from the rollouts a
 opens, refreshes and takes a click in the same time on a 5,000-rollout store as on a million."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -46,6 +48,7 @@ ALL_STEPS = "all steps"
 ANY_TOOL = "any tool"
 TOOL_FAILURES = {"all": None, "some failed": True, "none failed": False}  # label -> RolloutFilter.tool_errors
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
+HOLD_S = 30.0  # after a row click, rows arriving from elsewhere wait behind a button this long (see arrivals)
 # the shown columns and the two a click needs (hidden): every column is sent to the browser and
 # taken row by row by Panel on each click, so the page frame holds nothing else
 COLUMNS = ["rollout_id", "prompt", "completion", "turns", "reward", "advantage", "correct", "n_tokens", "fork_pos",
@@ -108,6 +111,13 @@ class RolloutTable(pn.viewable.Viewer):
             stylesheets=[TABLE_CSS], header_align="left", css_classes=["rollout-table"],
         )
         self._count = pn.pane.HTML("", margin=(0, 10), css_classes=["table-count"])
+        # rows from elsewhere held while a person clicks through the page (see arrivals): this shows them
+        self._show_new = pn.widgets.Button(name="", color="primary", height=30, margin=(2, 10), visible=False,
+                                           css_classes=["show-new-rows"])
+        self._show_new.on_click(lambda _: self._load_page(held=False))
+        self._clicked_at = float("-inf")  # when a row was last clicked (time.monotonic)
+        self._arriving = False  # a refresh for rows from elsewhere is under way
+        self._shown_rows = 0  # the filter's row count when the rows shown were read
         self._note = pn.pane.HTML("", margin=(0, 10), css_classes=["table-versions"], visible=False,
                                   stylesheets=[CSS])
         self._newer = pn.widgets.Button(name="‹ newer", color="light", width=80, height=30,
@@ -162,7 +172,8 @@ class RolloutTable(pn.viewable.Viewer):
                                             sizing_mode="stretch_width", css_classes=["branches-of"]),
             sizing_mode="stretch_width",
         )
-        self._layout = pn.Column(self._count, self._note, self._table, self._pager, sizing_mode="stretch_width")
+        self._layout = pn.Column(self._count, self._show_new, self._note, self._table, self._pager,
+                                 sizing_mode="stretch_width")
         self._updating_choices = False
         self._selecting = False  # the table's selection is being set here, not clicked
         self.state.add_preloader(self._preload)
@@ -367,9 +378,22 @@ class RolloutTable(pn.viewable.Viewer):
     def _n_pages(self) -> int:
         return max(1, -(-self._n_rows // PAGE_SIZE))
 
+    @contextmanager
+    def arrivals(self):
+        """Rows stored elsewhere (another process, a watched folder) are being picked up. While a
+        person clicks through the page (a row clicked in the last ``HOLD_S`` seconds) the rows shown
+        stay where they are, the counts say how many came, and a button shows them: rows that
+        moved under the pointer would open another rollout than the one aimed at."""
+        self._arriving = True
+        try:
+            yield
+        finally:
+            self._arriving = False
+
     @param.depends("page", watch=True)
-    def _load_page(self) -> None:
-        """Read and show the current page (the row of the shown rollout stays selected)."""
+    def _load_page(self, held: bool = True) -> None:
+        """Read and show the current page (the row of the shown rollout stays selected); rows from
+        elsewhere wait behind the *show* button while a person clicks through the page (``held``)."""
         st = self.state
         f = st.table_filter
         key, ckey = self._rows_key(f, self.page), self._counts_key(f, st.refresh)
@@ -384,6 +408,16 @@ class RolloutTable(pn.viewable.Viewer):
         if self.page > self._n_pages():  # rows went (a narrower scoring): the last page there is
             self.page = self._n_pages()
             return
+        shown = self._table.value
+        if (held and self._arriving and time.monotonic() - self._clicked_at < HOLD_S and len(shown)
+                and df["rollout_id"].tolist() != shown["rollout_id"].tolist()):
+            new = self._n_rows - self._shown_rows
+            self._show_new.param.update(visible=True, name=f"{new:,} new rollout{'s' * (new != 1)} · show"
+                                        if new > 0 else "rows changed · show")
+            self._show_counts(shown)
+            return
+        self._show_new.visible = False
+        self._shown_rows = self._n_rows
         self._selecting = True
         try:
             # the rows first, then the selection: Panel carries a held selection over to new rows by
@@ -443,6 +477,7 @@ class RolloutTable(pn.viewable.Viewer):
         the rollout shown, and its row selected."""
         if self._selecting:
             return
+        self._clicked_at = time.monotonic()
         if not event.new or event.new[0] >= len(self._table.value):
             self._select_shown()
             return

@@ -195,8 +195,9 @@ def create_app(db_path: str | Path | None = None, policy_path: str | Path | None
     if first:
         state.open_rollout(first)
 
-    async def tail_refresh() -> None:  # a watched folder grew: every view reloads, its reads on the preload thread
-        await state.stored()
+    async def tail_refresh() -> None:  # rows from elsewhere: every view reloads, its reads on the preload thread
+        with table.arrivals():  # (the table's rows stay put while a person clicks through them)
+            await state.stored()
         tabs.stored()
 
     follow_tails(store, tail_refresh)

@@ -20,6 +20,7 @@ Writes never go through the mirror: they run on the lake.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -49,7 +50,8 @@ class Mirror:
         con.execute(f"ATTACH {lake._lit(str(self._dir / 'mirror.duckdb'))} AS {MIRROR}")
         self._lock = threading.Lock()
         self.snapshot = -1  # the catalog's snapshot the mirror holds (-1: nothing yet)
-        self._stale = True
+        self._writes = 0  # this process's commits (stale), and how many of them the mirror holds
+        self._synced_writes = 0
         self._checked = 0.0
         self._sqlite: Path | None = None  # a SQLite catalog, read directly: no DuckLake transaction
         self._seen: tuple = ()  # the SQLite catalog's files as last looked at (see _latest)
@@ -58,19 +60,28 @@ class Mirror:
             self._sqlite = Path(spec.catalog[len("sqlite:"):]).resolve()
 
     def stale(self) -> None:
-        """This process committed: look at the catalog before the next read."""
-        self._stale = True
+        """This process committed: its next read waits until the mirror holds the commit."""
+        self._writes += 1
 
     def current(self) -> None:
-        """Bring the mirror to the catalog's latest snapshot, where it is behind."""
-        if self._sqlite is None and not self._stale and time.monotonic() - self._checked < PG_CHECK_S:
+        """Bring the mirror to the catalog's latest snapshot, where it is behind.
+
+        Another process's commit is applied by one thread while the others go on reading the
+        snapshot before it (a click is not held up by an import's rows being copied); after this
+        process's own commit every read waits for it (a read sees what this process wrote)."""
+        writes = self._writes
+        own = writes != self._synced_writes
+        if self._sqlite is None and not own and time.monotonic() - self._checked < PG_CHECK_S:
             return
-        latest = self._latest()
-        if latest != self.snapshot:
-            with self._lock:
-                if latest != self.snapshot:
+        if self._latest() != self.snapshot or self.snapshot < 0:
+            if not self._lock.acquire(blocking=own or self.snapshot < 0):
+                return  # another thread is applying another process's commit: read the snapshot before it
+            try:
+                if self._latest() != self.snapshot:
                     self._sync()
-        self._stale = False
+            finally:
+                self._lock.release()
+        self._synced_writes = max(self._synced_writes, writes)
         self._checked = time.monotonic()
 
     def close(self) -> None:
@@ -84,8 +95,7 @@ class Mirror:
     def _latest(self) -> int:
         if self._sqlite is not None:
             # every commit writes the catalog's WAL file: unchanged files (a stat each), the same snapshot
-            seen = tuple((p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None
-                         for p in (self._sqlite, self._sqlite.with_name(self._sqlite.name + "-wal")))
+            seen = (_stamp(self._sqlite), _stamp(self._sqlite.with_name(self._sqlite.name + "-wal")))
             if seen != self._seen:
                 # a connection of its own each time: one kept open does not see DuckDB's SQLite commit
                 db = sqlite3.connect(self._sqlite.as_uri() + "?mode=ro", uri=True)
@@ -174,3 +184,12 @@ class Mirror:
         cur.execute(f"USE {MIRROR}")  # a view's unqualified names read the mirror's tables
         for (sql,) in views:
             cur.execute(sql)
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """A file's modification time and size; None where it is not there (a WAL file comes and goes)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size

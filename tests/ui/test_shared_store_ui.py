@@ -77,6 +77,39 @@ def test_another_process_rows_arrive_in_the_open_page(browser, shared):
         assert tokens and completion
 
 
+def test_rows_from_elsewhere_wait_behind_a_button_while_a_person_clicks_through_the_page(browser, shared):
+    """Rows another process writes do not move the rows a person is clicking through (a row moved under
+    the pointer opens another rollout than the one aimed at): the counts grow, a button shows them."""
+    server, folder = shared
+    with studio_page(browser, server) as page:
+        rows = page.locator(".rollout-table .tabulator-row")
+        count = page.locator(".table-count")
+        before = header_count(page)
+        first = rows.first.locator("[tabulator-field=completion]").inner_text()
+        writer = subprocess.Popen([sys.executable, "-m", "studio.face.cli", "generate", "--db", str(folder),
+                                   "--prompt", "Q: 7+70-3=", "--group-size", "3", "--name", "held"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            clicks = 0
+            while f"of {before + 3:,} rollouts" not in text(count):  # a person clicking rows meanwhile
+                assert clicks < ARRIVAL_S * 3 and (writer.poll() in (None, 0)), writer.stdout.read()
+                completion, _ = open_sampled_row(page, 1 + clicks % 2)
+                clicks += 1
+                page.wait_for_timeout(500)
+            assert writer.wait(timeout=120) == 0
+        finally:
+            writer.kill()
+        button = page.locator(".show-new-rows button")
+        expect(button).to_have_text("3 new rollouts · show")
+        assert rows.first.locator("[tabulator-field=completion]").inner_text() == first  # nothing moved
+        selected = page.locator(".rollout-table .tabulator-row.tabulator-selected [tabulator-field=completion]")
+        assert selected.inner_text() == completion
+        button.click()
+        expect(rows.first.locator("[tabulator-field=prompt]")).to_have_text("Q: 7+70-3=", timeout=30_000)
+        expect(button).to_be_hidden()
+        assert f"of {before + 3:,} rollouts" in text(count)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_the_shared_store_page_fits(browser, shared, size):
     server, _ = shared
