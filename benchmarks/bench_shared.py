@@ -21,6 +21,10 @@ figure of the same action in the same run (target: ratio <= 1.5):
 ``shared_group_ms_median`` (baseline ``group_ms_median``; no target)
     The group view: ``queries.group`` and ``queries.tokens_of`` its completions.
 
+``shared_open_first_read_s`` (baseline ``open_first_read_s``; no target)
+    ``Store.open`` and one read: on a shared store the first read makes the process's mirror of the
+    tables but the per-token ones (``studio.store.mirror``), which every later read uses.
+
 The pieces (tokens alone, the header alone) and the table's refresh queries are printed beside them.
 
 **Concurrent ops.** ``benchmarks/bench_load.py``'s browsing sessions (``--sessions``, default 5; its
@@ -145,8 +149,11 @@ def clicks(paths: dict[str, Path], reps: int, rounds: int, seed: int) -> dict[st
     for r in range(rounds):
         for kind in (("file", "shared") if r % 2 == 0 else ("shared", "file")):
             print(f"round {r + 1}, {kind} store:", flush=True)
+            started = time.perf_counter()
             store = Store.open(paths[kind])
             try:
+                store.scalar("SELECT count(*) FROM rollouts")  # a shared store's first read makes its mirror
+                out[kind].setdefault("open_first_read", []).append((time.perf_counter() - started) * 1000)
                 lat, _ = bench_scale.latencies(store, reps, seed + r, only=(*CLICKS, *SHOWN))
             finally:
                 store.close()
@@ -160,7 +167,9 @@ def click_figures(lat: dict[str, dict[str, list[float]]]) -> list[dict]:
     for key in (*CLICKS, *SHOWN):
         f, s = statistics.median(lat["file"][key]), statistics.median(lat["shared"][key])
         print(f"{key:16s} {f:9.1f} {s:10.1f} {s / f:6.2f}")
-    out = []
+    f, s = statistics.median(lat["file"]["open_first_read"]), statistics.median(lat["shared"]["open_first_read"])
+    print(f"{'open_first_read':16s} {f:9.1f} {s:10.1f} {s / f:6.2f}   (open and one read: the shared store's mirror made)")
+    out = [figure("shared_open_first_read_s", round(s / 1000, 2), "s", "open_first_read_s", round(f / 1000, 2))]
     for key, name in CLICKS.items():
         f, s = statistics.median(lat["file"][key]), statistics.median(lat["shared"][key])
         out.append(figure(name, round(s, 2), "ms", f"{key}_ms_median", round(f, 2)))
