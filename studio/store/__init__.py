@@ -346,8 +346,10 @@ class Store(Reads, TokenView):
         change while it is open). Served pages poll it to pick up other processes' rows."""
         if not self.shared:
             return 0
-        return int(self.scalar(f"SELECT coalesce(max(snapshot_id), 0) FROM {lake.LAKE}.snapshots() "
-                               "WHERE author IS DISTINCT FROM ?", [OWNER]) or 0)
+        # the catalog's snapshots themselves: a served page's poll does not wait for the mirror to copy them
+        rows = self._read(f"SELECT coalesce(max(snapshot_id), 0) FROM {lake.LAKE}.snapshots() "
+                          "WHERE author IS DISTINCT FROM ?", [OWNER], None, lambda cur: cur.fetchall(), current=False)
+        return int(rows[0][0] or 0)
 
     # -- writing -------------------------------------------------------------------------
     @contextmanager

@@ -13,7 +13,8 @@ Before each read :meth:`Mirror.current` compares the catalog's latest snapshot w
 mirror's and applies what the snapshots between say changed (``ducklake_snapshot_changes``):
 the rows inserted since (``ducklake_table_insertions``), a table copied again where rows were
 deleted or updated, everything copied again where a table was created, altered or dropped (a
-migration). The check is one SQLite statement where the catalog is a SQLite file, so a read
+migration). Reads wait while one thread applies a commit (an import of 400,000 rollouts: about
+3 s), so a read never sees a snapshot older than one committed before it began. The check is one SQLite statement where the catalog is a SQLite file, so a read
 always sees every committed row; a PostgreSQL catalog is asked at most every
 :data:`PG_CHECK_S` seconds, and at once after this process's own commit (:meth:`Mirror.stale`).
 Writes never go through the mirror: they run on the lake.
@@ -35,6 +36,7 @@ from studio.store import lake
 PER_TOKEN = ("token_rows", "token_scores")  # read in the lake, through views
 MIRROR = "mirror"  # the attached database's name
 META = f"__ducklake_metadata_{lake.LAKE}"  # DuckLake's own name for the attached catalog
+RECENT_NS = 100_000_000  # a catalog file changed within 0.1 s: asked again (see Mirror._latest)
 PG_CHECK_S = 0.5  # how stale another process's commit may be seen through a PostgreSQL catalog
 INSERTS = frozenset({"inserted_into_table", "inlined_insert"})  # rows added: copied as they are
 DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: the table again
@@ -64,23 +66,16 @@ class Mirror:
         self._writes += 1
 
     def current(self) -> None:
-        """Bring the mirror to the catalog's latest snapshot, where it is behind.
-
-        Another process's commit is applied by one thread while the others go on reading the
-        snapshot before it (a click is not held up by an import's rows being copied); after this
-        process's own commit every read waits for it (a read sees what this process wrote)."""
+        """Bring the mirror to the catalog's latest snapshot, where it is behind (every read first:
+        a read sees every commit made before it; reads wait while another thread applies one)."""
         writes = self._writes
         own = writes != self._synced_writes
         if self._sqlite is None and not own and time.monotonic() - self._checked < PG_CHECK_S:
             return
-        if self._latest() != self.snapshot or self.snapshot < 0:
-            if not self._lock.acquire(blocking=own or self.snapshot < 0):
-                return  # another thread is applying another process's commit: read the snapshot before it
-            try:
+        if self._latest() != self.snapshot:
+            with self._lock:
                 if self._latest() != self.snapshot:
                     self._sync()
-            finally:
-                self._lock.release()
         self._synced_writes = max(self._synced_writes, writes)
         self._checked = time.monotonic()
 
@@ -96,7 +91,10 @@ class Mirror:
         if self._sqlite is not None:
             # every commit writes the catalog's WAL file: unchanged files (a stat each), the same snapshot
             seen = (_stamp(self._sqlite), _stamp(self._sqlite.with_name(self._sqlite.name + "-wal")))
-            if seen != self._seen:
+            # a file written in the last moments may be written again within its clock's tick (the
+            # same time, and the same size where the WAL restarted): only an older stamp is trusted
+            recent = any(st is not None and time.time_ns() - st[0] < RECENT_NS for st in seen)
+            if seen != self._seen or recent:
                 # a connection of its own each time: one kept open does not see DuckDB's SQLite commit
                 db = sqlite3.connect(self._sqlite.as_uri() + "?mode=ro", uri=True)
                 try:

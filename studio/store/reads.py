@@ -42,9 +42,12 @@ class Reads:
         rows = self._read(sql, params, timeout_s, lambda cur: cur.fetchall())  # all: a read leaves no result open
         return rows[0][0] if rows else None
 
-    def _read(self, sql, params, timeout_s, fetch):
+    def _read(self, sql, params, timeout_s, fetch, current: bool = True):
+        """``sql`` on the calling thread's cursor; a shared store's mirror brought up to date first
+        (``current``; a read of the lake's own catalog, e.g. its snapshots, needs no mirror)."""
         limit = self.query_timeout_s if timeout_s is None else timeout_s
-        self._mirror_current()
+        if current:
+            self._mirror_current()
         cur = self._reader()
         token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
         try:
@@ -74,10 +77,12 @@ class Reads:
         cur = getattr(self._readers, "cur", None)
         if cur is None:
             cur = self._readers.cur = self.cursor()
-            if self._mirror is not None:
-                cur.execute(f"USE {MIRROR}")
+            self._readers.mirrored = False
             with self._readers_lock:
                 self._reader_cursors.append(cur)
+        if self._mirror is not None and not self._readers.mirrored:  # (a cursor may predate the mirror)
+            cur.execute(f"USE {MIRROR}")
+            self._readers.mirrored = True
         return cur
 
     def _drop_reader(self, cur: duckdb.DuckDBPyConnection) -> None:

@@ -104,6 +104,8 @@ def test_rows_from_elsewhere_wait_behind_a_button_while_a_person_clicks_through_
         assert rows.first.locator("[tabulator-field=completion]").inner_text() == first  # nothing moved
         selected = page.locator(".rollout-table .tabulator-row.tabulator-selected [tabulator-field=completion]")
         assert selected.inner_text() == completion
+        if os.environ.get("STUDIO_SHOTS"):
+            page.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"], "rows-held.png"))
         button.click()
         expect(rows.first.locator("[tabulator-field=prompt]")).to_have_text("Q: 7+70-3=", timeout=30_000)
         expect(button).to_be_hidden()

@@ -60,7 +60,7 @@ def _db_argument(ap: argparse.ArgumentParser) -> None:
 def _open(db: str):
     from studio.store import Store
 
-    return Store.open_existing(db)
+    return Store.open_existing(db, mirror=False)  # a command reads little: no mirror of a shared store
 
 
 def _sample_policy() -> str:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} curate") -> int:
     common(sub.add_parser("status", help="review progress and builds"))
     add_export_arguments(common(sub.add_parser("export", help="write accepted pairs in a TRL format")))
     args = ap.parse_args(argv)
-    store = Store.open_existing(args.db)
+    store = Store.open_existing(args.db, mirror=False)
     try:
         if args.cmd == "build":
             rule = from_arguments(PairRule, args)

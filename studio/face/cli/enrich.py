@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} enrich") -> int:
     args = ap.parse_args(argv)
     from studio.workers.vocab import resolve_policy
 
-    store = Store.open_existing(args.db)
+    store = Store.open_existing(args.db, mirror=False)
     try:
         def progress(done: int, total: int) -> None:
             print(f"  {done:,}/{total:,} rollouts", flush=True)

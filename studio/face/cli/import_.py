@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} import") -> int:
         if missing:  # checked before the store is opened: a typo makes no store
             raise ValueError(f"no such file or directory: {', '.join(missing)}")
         check_task(args.task)
-        store = Store.open(args.db)
+        store = Store.open(args.db, mirror=False)
     except (OSError, ValueError, RuntimeError, StoreError, UnknownTaskError) as exc:  # RuntimeError: '~nouser'
         return refuse(str(exc))
     on_error = "skip" if args.skip_bad else "abort"

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str = f"{PROG} {COMMAND}") -> int:
     ap.add_argument("--batch", type=int, default=64, help="rollouts per worker call and per transaction")
     _db_argument(ap)
     args = ap.parse_args(argv)
-    store = Store.open_existing(args.db)
+    store = Store.open_existing(args.db, mirror=False)
     try:
         if args.run is not None:
             ids = store.df("SELECT rollout_id FROM rollouts WHERE run_id = ? ORDER BY rollout_id",

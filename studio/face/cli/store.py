@@ -87,7 +87,7 @@ def _info(args: argparse.Namespace) -> int:
     from studio.store import Store
     from studio.store.upkeep import inventory
 
-    store = Store.open_existing(args.db)
+    store = Store.open_existing(args.db, mirror=False)
     try:
         info = inventory(store)
     finally:
@@ -114,7 +114,7 @@ def _compact(args: argparse.Namespace) -> int:
 
     if args.keep_hours < 0:
         raise ValueError(f"--keep-hours {args.keep_hours:g}: give 0 or more hours")
-    store = Store.open_existing(args.db)
+    store = Store.open_existing(args.db, mirror=False)
     try:
         out = compact(store, keep_hours=args.keep_hours)
     finally:

@@ -60,7 +60,7 @@ def _add(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not Path(p).expanduser().exists()]
     if missing:
         raise PromptSetError(f"no such file or folder: {', '.join(missing)}")
-    store = Store.open(args.db)
+    store = Store.open(args.db, mirror=False)
     try:
         rep = add_prompt_set(store, args.paths, config)
     except PromptSetError as exc:

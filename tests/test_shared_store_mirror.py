@@ -1,0 +1,97 @@
+"""A shared store's reads through its process's mirror (``studio.store.mirror``): every commit of
+another OS process is seen by the next read (rows inserted, updated, deleted, a column added), a
+process sees its own writes at once, the per-token tables are read in the lake, and the mirror's
+local file goes when the store closes."""
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sample_data import SEED_DIRS
+from studio.store import Store, lake
+from tests.test_shared_store import run_py
+
+
+@pytest.fixture
+def shared(tmp_path):
+    folder = lake.create_shared(tmp_path / "team-store")
+    Store.open(folder, seed_dir=SEED_DIRS).close()
+    return folder
+
+
+def mirror_file(store: Store) -> str | None:
+    rows = store.df("SELECT path FROM duckdb_databases() WHERE database_name = 'mirror'")
+    return rows["path"].iloc[0] if len(rows) else None
+
+
+def test_every_commit_of_another_process_reaches_the_next_read(shared):
+    reader = Store.open(shared)
+    try:
+        rollouts = reader.scalar("SELECT count(*) FROM rollouts")
+        assert mirror_file(reader)  # the first read made the mirror
+        run_id = reader.scalar("SELECT min(run_id) FROM runs")
+        group = reader.df("SELECT group_id, count(*) AS n FROM rollouts GROUP BY 1 ORDER BY 1 LIMIT 1").iloc[0]
+        runs = reader.scalar("SELECT count(*) FROM runs")
+        run_py("""
+            import sys
+            import pandas as pd
+            from studio.store import Store
+            s = Store.open(sys.argv[1], mirror=False)
+            s.write({"runs": pd.DataFrame({"run_id": ["run_beside"], "kind": ["sample"], "name": ["beside"]})})
+            with s.transaction() as cur:
+                cur.execute("UPDATE runs SET status = 'failed' WHERE run_id = ?", [sys.argv[2]])
+                cur.execute("DELETE FROM rollouts WHERE group_id = ?", [sys.argv[3]])
+            s.close()
+        """, str(shared), run_id, group["group_id"])
+        assert reader.scalar("SELECT count(*) FROM runs") == runs + 1
+        assert reader.scalar("SELECT name FROM runs WHERE run_id = 'run_beside'") == "beside"
+        assert reader.scalar("SELECT status FROM runs WHERE run_id = ?", [run_id]) == "failed"
+        assert reader.scalar("SELECT count(*) FROM rollouts") == rollouts - group["n"]
+
+        # a schema change (as a newer studio's migration makes): the next read has the new column
+        run_py("""
+            import sys
+            from studio.store import Store
+            s = Store.open(sys.argv[1], mirror=False)
+            with s.transaction() as cur:
+                cur.execute("ALTER TABLE prompts ADD COLUMN reviewed_by VARCHAR")
+                cur.execute("UPDATE prompts SET reviewed_by = 'ana'")
+            s.close()
+        """, str(shared))
+        assert set(reader.df("SELECT DISTINCT reviewed_by FROM prompts")["reviewed_by"]) == {"ana"}
+        assert reader.scalar("SELECT count(*) FROM rollouts") == rollouts - group["n"]
+    finally:
+        reader.close()
+
+
+def test_a_process_reads_its_own_writes_at_once_and_the_mirror_goes_on_close(shared):
+    store = Store.open(shared)
+    runs = store.scalar("SELECT count(*) FROM runs")
+    path = Path(mirror_file(store))
+    assert path.exists() and path.parent != Path(shared)  # a local file of this process, not in the store
+    store.write({"runs": pd.DataFrame({"run_id": ["run_mine"], "kind": ["sample"], "name": ["mine"]})})
+    assert store.scalar("SELECT count(*) FROM runs") == runs + 1
+    with store.transaction() as cur:
+        cur.execute("UPDATE runs SET status = 'done' WHERE run_id = 'run_mine'")
+    assert store.scalar("SELECT status FROM runs WHERE run_id = 'run_mine'") == "done"
+    store.close()
+    assert not path.parent.exists()
+
+
+def test_token_rows_are_read_in_the_lake_and_a_command_can_skip_the_mirror(shared):
+    store = Store.open(shared)
+    plain = Store.open(shared, mirror=False)
+    try:
+        rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
+        q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
+        assert store.df(q, [rid]).equals(plain.df(q, [rid])) and store.scalar(q, [rid]) > 0
+        assert mirror_file(store) and mirror_file(plain) is None
+        views = store.df("SELECT view_name FROM duckdb_views() WHERE database_name = 'mirror' AND NOT internal")
+        assert {"token_rows", "token_scores", "tokens"} <= set(views["view_name"])  # the lake's, read there
+        # a row inserted into the lake's token rows is there for the next read of the mirrored store
+        plain.write({"tokens": pd.DataFrame({"rollout_id": [rid], "pos": [10_000], "token_id": [1],
+                                             "token_text": ["x"], "logprob": [-0.5], "entropy": [0.1]})})
+        assert store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ? AND pos = 10000", [rid]) == 1
+    finally:
+        store.close()
+        plain.close()
