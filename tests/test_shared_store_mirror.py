@@ -95,3 +95,22 @@ def test_token_rows_are_read_in_the_lake_and_a_command_can_skip_the_mirror(share
     finally:
         store.close()
         plain.close()
+
+
+def test_the_mirror_of_a_killed_process_is_removed_by_the_next_one(shared):
+    out = run_py("""
+        import os, sys
+        from studio.store import Store
+        s = Store.open(sys.argv[1])
+        s.scalar("SELECT count(*) FROM rollouts")
+        print(s.scalar("SELECT path FROM duckdb_databases() WHERE database_name = 'mirror'"), flush=True)
+        os.kill(os.getpid(), 9)  # killed: no close
+    """, str(shared), check=False)
+    left = Path(out.stdout.strip()).parent
+    assert out.returncode == -9 and left.is_dir()
+    store = Store.open(shared)
+    try:
+        store.scalar("SELECT count(*) FROM runs")
+        assert not left.exists()
+    finally:
+        store.close()

@@ -32,7 +32,9 @@ from pathlib import Path
 import duckdb
 
 from studio.store import lake
+from studio.store.owner import OWNER, owner_gone
 
+PREFIX = "rollout-studio-mirror-"  # a mirror's folder in the temporary directory: PREFIX<pid>-<random>
 PER_TOKEN = ("token_rows", "token_scores")  # read in the lake, through views
 MIRROR = "mirror"  # the attached database's name
 META = f"__ducklake_metadata_{lake.LAKE}"  # DuckLake's own name for the attached catalog
@@ -48,7 +50,8 @@ class Mirror:
 
     def __init__(self, con: duckdb.DuckDBPyConnection, spec: lake.LakeSpec):
         self._con = con
-        self._dir = Path(tempfile.mkdtemp(prefix="rollout-studio-mirror-"))
+        _remove_orphans()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         con.execute(f"ATTACH {lake._lit(str(self._dir / 'mirror.duckdb'))} AS {MIRROR}")
         self._lock = threading.Lock()
         self.snapshot = -1  # the catalog's snapshot the mirror holds (-1: nothing yet)
@@ -191,3 +194,12 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return st.st_mtime_ns, st.st_size
+
+
+def _remove_orphans() -> None:
+    """Delete the mirror folders of processes of this machine that are gone (killed before closing)."""
+    host = OWNER.rpartition(":")[0]
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = folder.name[len(PREFIX):].split("-")[0]
+        if pid.isdigit() and owner_gone(f"{host}:{pid}"):
+            shutil.rmtree(folder, ignore_errors=True)
