@@ -338,6 +338,15 @@ def ddl(shared: bool = False) -> list[str]:
     return out + [f"CREATE VIEW IF NOT EXISTS tokens AS SELECT {', '.join(columns('tokens'))} FROM {TOKEN_ROWS}"]
 
 
+def key_of(table: str) -> str | None:
+    """The column that is ``table``'s primary key in a store file (None: the table has none)."""
+    for line in TABLES.get(table, "").strip().splitlines():
+        line = line.split("--")[0].strip()
+        if " PRIMARY KEY" in line:
+            return line.split()[0]
+    return None
+
+
 def columns(table: str) -> list[str]:
     """Column names of ``table`` in declaration order."""
     out = []
