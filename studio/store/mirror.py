@@ -14,16 +14,16 @@ mirror's and applies what the snapshots between say changed (``ducklake_snapshot
 the rows inserted since (``ducklake_table_insertions``), a table copied again where rows were
 deleted or updated, everything copied again where a table was created, altered or dropped (a
 migration). Reads wait while one thread applies a commit (an import of 400,000 rollouts: about
-3 s), so a read never sees a snapshot older than one committed before it began. The check is one SQLite statement where the catalog is a SQLite file, so a read
-always sees every committed row; a PostgreSQL catalog is asked at most every
-:data:`PG_CHECK_S` seconds, and at once after this process's own commit (:meth:`Mirror.stale`).
+3 s), so a read never sees a snapshot older than one committed before it began. Where the
+catalog is a SQLite file the check is two file stats (the catalog is asked through DuckDB only
+when they changed); a PostgreSQL catalog is asked at most every :data:`PG_CHECK_S` seconds, and
+at once after this process's own commit (:meth:`Mirror.stale`).
 Writes never go through the mirror: they run on the lake.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import tempfile
 import threading
 import time
@@ -93,24 +93,24 @@ class Mirror:
     def _latest(self) -> int:
         if self._sqlite is not None:
             # every commit writes the catalog's WAL file: unchanged files (a stat each), the same snapshot
-            # (an empty WAL holds no commit: the check's own connection makes one, which must not count)
+            # (an empty WAL holds no commit); a file written in the last moments may be written again
+            # within its clock's tick (the same time, and the same size where the WAL restarted): only
+            # an older stamp is trusted. The catalog is never opened here but through DuckDB: a second
+            # SQLite library in the process would release DuckDB's locks on the file when it closed it.
             wal = _stamp(self._sqlite.with_name(self._sqlite.name + "-wal"))
             seen = (_stamp(self._sqlite), wal if wal and wal[1] else None)
-            # a file written in the last moments may be written again within its clock's tick (the
-            # same time, and the same size where the WAL restarted): only an older stamp is trusted
             recent = any(st is not None and time.time_ns() - st[0] < RECENT_NS for st in seen)
             if seen != self._seen or recent:
-                # a connection of its own each time: one kept open does not see DuckDB's SQLite commit
-                db = sqlite3.connect(self._sqlite.as_uri() + "?mode=ro", uri=True)
-                try:
-                    self._latest_seen = int(db.execute("SELECT max(snapshot_id) FROM ducklake_snapshot").fetchall()[0][0])
-                finally:
-                    db.close()
+                self._latest_seen = self._ask()
                 self._seen = seen
             return self._latest_seen
+        return self._ask()
+
+    def _ask(self) -> int:
+        """The catalog's latest snapshot, read on a cursor of its own (a reader's may hold an older one)."""
         cur = self._con.cursor()
         try:
-            return int(cur.execute(f"SELECT max(snapshot_id) FROM {META}.ducklake_snapshot").fetchone()[0])
+            return int(cur.execute(f"SELECT max(snapshot_id) FROM {META}.ducklake_snapshot").fetchall()[0][0])
         finally:
             cur.close()
 

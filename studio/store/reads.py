@@ -48,42 +48,66 @@ class Reads:
         limit = self.query_timeout_s if timeout_s is None else timeout_s
         if current:
             self._mirror_current()
-        cur = self._reader()
+        # a read of the catalog itself on a cursor of its own: the thread's may hold a transaction (_reader)
+        own = not self.shared or not current
+        cur = self.cursor() if own else self._reader()
         token = _WATCHDOG.watch(cur, limit) if limit and limit > 0 else None
         try:
             return fetch(cur.execute(sql, params or []))
         except duckdb.IOException as exc:  # a shared store's catalog or data out of reach (an S3 server down...)
             if not self.shared:
                 raise
+            self._end_held(cur)
             raise StoreError(lake.explain(self.spec, exc)) from None
         except duckdb.InterruptException:
             self._drop_reader(cur)
             raise QueryTimeout(
                 f"the query was stopped after {limit:g} s (the time limit). Narrow the filter, or raise "
                 "ROLLOUT_STUDIO_QUERY_TIMEOUT; nothing was changed.") from None
+        except duckdb.Error:  # (a failed query ends its transaction: the next read begins another)
+            self._end_held(cur)
+            raise
         finally:
             if token is not None:
                 _WATCHDOG.release(token)
             # a result left unfinished keeps a transaction open and aborts the process when the store closes
             # before the cursor is collected (DuckDB 2): every read ends here, its result fetched whole
-            if not self.shared:
+            if own:
                 cur.close()
 
     def _reader(self) -> duckdb.DuckDBPyConnection:
-        """The cursor a read runs on: a new one on a file store; on a shared store the calling
-        thread's own, kept (a new cursor's ``USE lake`` costs a catalog transaction of its own)."""
-        if not self.shared:
-            return self.cursor()
+        """A shared store's read cursor: the calling thread's own, kept (a new cursor's ``USE lake``
+        costs a catalog transaction of its own). Through a mirror it holds one read transaction
+        while the mirror stays at one snapshot, begun again when the mirror moves: DuckLake then
+        reads its catalog once per snapshot, not per query (a point read of the per-token tables in
+        the lake: 7 ms, not 11, at 100M token rows)."""
         cur = getattr(self._readers, "cur", None)
         if cur is None:
             cur = self._readers.cur = self.cursor()
             self._readers.mirrored = False
+            self._readers.held = None  # the mirror's snapshot when the held transaction began
             with self._readers_lock:
                 self._reader_cursors.append(cur)
-        if self._mirror is not None and not self._readers.mirrored:  # (a cursor may predate the mirror)
-            cur.execute(f"USE {MIRROR}")
-            self._readers.mirrored = True
+        if self._mirror is not None:
+            if not self._readers.mirrored:  # (a cursor may predate the mirror)
+                cur.execute(f"USE {MIRROR}")
+                self._readers.mirrored = True
+            if self._readers.held != self._mirror.snapshot:
+                if self._readers.held is not None:
+                    cur.execute("COMMIT")  # (reads only: nothing to write)
+                    self._readers.held = None
+                cur.execute("BEGIN TRANSACTION")
+                self._readers.held = self._mirror.snapshot
         return cur
+
+    def _end_held(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """A read failed inside the thread's held transaction: end it (the next read begins another)."""
+        if getattr(self._readers, "cur", None) is cur and getattr(self._readers, "held", None) is not None:
+            self._readers.held = None
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                self._drop_reader(cur)
 
     def _drop_reader(self, cur: duckdb.DuckDBPyConnection) -> None:
         if self.shared and getattr(self._readers, "cur", None) is cur:
