@@ -42,6 +42,7 @@ from . import mismatch_columns as mm
 from .base.pickers import run_labels
 from .base.state import StudioState
 from .base.style import CSS, banner, esc
+from .table_rows import COLUMNS, as_shown, versions_line
 
 ALL_RUNS = "All runs"
 ALL_STEPS = "all steps"
@@ -49,10 +50,6 @@ ANY_TOOL = "any tool"
 TOOL_FAILURES = {"all": None, "some failed": True, "none failed": False}  # label -> RolloutFilter.tool_errors
 PAGE_SIZE = 18  # rows per page: what the table's height shows without scrolling
 HOLD_S = 30.0  # after a row click, rows arriving from elsewhere wait behind a button this long (see arrivals)
-# the shown columns and the two a click needs (hidden): every column is sent to the browser and
-# taken row by row by Panel on each click, so the page frame holds nothing else
-COLUMNS = ["rollout_id", "prompt", "completion", "turns", "reward", "advantage", "correct", "n_tokens", "fork_pos",
-           *mm.MM_COLUMNS, "group_id"]
 # header titles short enough for their columns; the fixed widths (px) leave the completion the rest of the card
 TITLES = {"reward": "reward", "advantage": "adv.", "correct": "ok", "n_tokens": "len", "fork_pos": "fork"}
 WIDTHS = {"prompt": 74, "turns": 62, "reward": 70, "advantage": 58, "correct": 38, "n_tokens": 44, "fork_pos": 50}
@@ -226,7 +223,7 @@ class RolloutTable(pn.viewable.Viewer):
         _, f, rule_version, cr, page, sort, mismatch = key
         rows, n_rows = queries.rollout_table_counted(self.state.store, replace(f, limit=PAGE_SIZE), rule_version, cr,
                                                      offset=(page - 1) * PAGE_SIZE, sort=sort)
-        shown = _as_shown(rows)
+        shown = as_shown(rows)
         if mismatch:
             shown = mm.with_mismatch_columns(self.state.store, shown, f.mismatch_source, f.correction)
         return shown, n_rows
@@ -443,7 +440,7 @@ class RolloutTable(pn.viewable.Viewer):
         parts = [f"<b>{self._n_rows:,}</b> of {self._total:,} rollouts match"]
         if len(df):
             parts.append(f"rows <b>{first + 1:,}–{first + len(df):,}</b> shown")
-            parts.append(f'<span class="reward-versions">{esc(_versions_line(df.attrs.get("versions", ())))}</span>')
+            parts.append(f'<span class="reward-versions">{esc(versions_line(df.attrs.get("versions", ())))}</span>')
         self._count.object = f'<span style="font-size:12px;color:#495057">{" · ".join(parts)}</span>'
         note = df.attrs.get("versions_note")
         self._note.param.update(object=banner("warn", note) if note else "", visible=bool(note))
@@ -487,44 +484,3 @@ class RolloutTable(pn.viewable.Viewer):
     def __panel__(self):
         return self._layout
 
-
-def _as_shown(rows: pd.DataFrame) -> pd.DataFrame:
-    """A page's rows as the table shows them (made where the page is read: after new rows, on the
-    preload thread, not on the event loop that serves every page), the rule versions of their rewards
-    in ``attrs["versions"]`` (the line above the rows names them)."""
-    turns = [turns_label(*c) for c in zip(rows["n_turns"], rows["n_tool_calls"], rows["n_tool_errors"], strict=True)]
-    df = rows.reindex(columns=COLUMNS).reset_index(drop=True)
-    df["turns"] = pd.Series(turns, dtype=object)
-    df["correct"] = [None if pd.isna(x) else bool(x) for x in df["correct"]]  # blank: nothing to check against
-    df["correct"] = df["correct"].astype(object)
-    source = rows.attrs.get("reward_source")
-    df.attrs["versions_note"] = source.note if source is not None else None
-    df.attrs["versions"] = tuple(dict.fromkeys(rows["version"].dropna()))
-    df["fork_pos"] = ["" if pd.isna(x) else f"↳ {int(x)}" for x in df["fork_pos"]]  # branches only
-    df["rejected"] = ""  # text (✗ where rejected) where the mismatch columns are read
-    for c in ("rollout_id", "group_id", "prompt", "completion", "fork_pos", "turns", "rejected"):  # plain objects: Panel's row takes
-        df[c] = df[c].astype(object)  # on each click cost a pyarrow call per Arrow-backed column
-    return df
-
-
-def turns_label(n_turns, n_calls, n_errors) -> str:
-    """A row's turns cell: ``3·2⚙·1✗`` (turns, tool calls, failed calls; the zeros left out), narrow
-    enough for the table's card beside the sidebar.
-
-    >>> turns_label(5, 2, 1), turns_label(3, 1, 0), turns_label(None, None, None)
-    ('5·2⚙·1✗', '3·1⚙', '1')
-    """
-    def count(v, default: int) -> int:
-        return default if v is None or pd.isna(v) else int(v)
-
-    calls, errors = count(n_calls, 0), count(n_errors, 0)
-    return "·".join([str(count(n_turns, 1))] + ([f"{calls}⚙"] if calls else []) + ([f"{errors}✗"] if errors else []))
-
-
-def _versions_line(versions: tuple[str, ...]) -> str:
-    """Whose rewards a page shows: its rows' rule versions (each row's latest scoring may differ)."""
-    if not versions:
-        return "no rewards scored"
-    if len(versions) == 1:
-        return f"rewards from {versions[0]}"
-    return f"rewards from {len(versions)} rule versions: {', '.join(versions)} (each row its latest scoring)"

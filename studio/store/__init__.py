@@ -30,7 +30,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from studio.store import lake, schema
+from studio.store import lake, local, schema
 from studio.store.errors import QueryTimeout as QueryTimeout
 from studio.store.errors import StoreError, WriteConflict
 from studio.store.owner import OWNER, owner_gone
@@ -140,7 +140,7 @@ class Store(Reads, TokenView):
         path = Path(path).expanduser()
         if not path.exists():
             cls._build(path, seed_dir)
-        con = _connect(path)
+        con = local.connect(path)
         store = cls(con, str(path))
         try:
             store._check_and_migrate()
@@ -480,27 +480,3 @@ def _with_column(frame, name: str, value: str):
         return frame.append_column(name, pa.array([value] * frame.num_rows, pa.string()))
     return frame.assign(**{name: value})
 
-
-def _connect(path: Path) -> duckdb.DuckDBPyConnection:
-    try:
-        con = duckdb.connect(str(path))
-        con.execute("SET GLOBAL parquet_metadata_cache = true")  # the tokens view reads shard footers every query; GLOBAL: cursors too
-        return con
-    except duckdb.Error as exc:
-        first = str(exc).splitlines()[0]
-        if isinstance(exc, duckdb.IOException) and "lock" in first.lower():
-            raise StoreError(
-                f"{path} is open in another process (DuckDB allows one). Close the other studio "
-                f"or CLI using it, or pass a different --db, or make a shared store that many processes "
-                f"open at once (docs/shared-store.md). ({first})") from None
-        if isinstance(exc, duckdb.IOException) and "version number" in first.lower():
-            raise StoreError(
-                f"{path} was written by a newer DuckDB than this studio's {duckdb.__version__} (stores made "
-                "with DuckDB 2.0, before the studio moved to 1.5.5 for shared stores); it was not changed. "
-                "Convert it once with DuckDB 2.0 in another environment: pip install duckdb==2.0.1, then "
-                f"ATTACH '{path}' AS src (READ_ONLY); ATTACH 'converted.duckdb' AS dst (STORAGE_VERSION "
-                "'v1.5.0'); COPY FROM DATABASE src TO dst; and open converted.duckdb (move its .shards "
-                f"folder beside it too). ({first})") from None
-        raise StoreError(
-            f"{path} is not a readable DuckDB store ({first}). It may be corrupt, unreadable or not a "
-            "DuckDB file; it was not changed. Pass another path with --db to start a fresh store.") from None
