@@ -114,3 +114,37 @@ def test_the_mirror_of_a_killed_process_is_removed_by_the_next_one(shared):
         assert not left.exists()
     finally:
         store.close()
+
+
+def test_token_rows_are_read_from_their_data_files_while_those_are_the_whole_table(shared):
+    store = Store.open(shared)
+    plain = Store.open(shared, mirror=False)
+    try:
+        rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
+        src = store.tokens_between(rid, rid)
+        assert "read_parquet" in src  # the files that can hold it, read without the lake's planning
+        direct = store.df(f"SELECT * FROM {src} WHERE rollout_id = ? ORDER BY pos", [rid])
+        pd.testing.assert_frame_equal(direct, plain.df("SELECT * FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid]))
+        assert len(direct) > 0
+
+        # another process changes a token row (DuckLake writes a delete file): the lake reads them again
+        run_py("""
+            import sys
+            from studio.store import Store
+            s = Store.open(sys.argv[1], mirror=False)
+            with s.transaction() as cur:
+                cur.execute("UPDATE token_rows SET logprob = -9 WHERE rollout_id = ? AND pos = 0", [sys.argv[2]])
+            s.close()
+        """, str(shared), rid)
+        assert store.tokens_between(rid, rid) == "tokens"
+        assert store.scalar("SELECT logprob FROM tokens WHERE rollout_id = ? AND pos = 0", [rid]) == -9
+        assert queries_tokens(store, rid)["logprob"].iloc[0] == -9
+    finally:
+        store.close()
+        plain.close()
+
+
+def queries_tokens(store: Store, rid: str) -> pd.DataFrame:
+    from studio import queries
+
+    return queries.tokens(store, rid)

@@ -204,6 +204,10 @@ class Store(Reads, TokenView):
                         cur.execute(f"CALL {lake.LAKE}.set_option('parquet_row_group_size', {lake.ROW_GROUP_ROWS})")
                         store._create(cur)
             if fresh:
+                with store.transaction() as cur:  # (a table's own option: once the table is committed)
+                    # token rows always in data files, never in the catalog: the mirror reads them there
+                    cur.execute(f"CALL {lake.LAKE}.set_option('data_inlining_row_limit', 0, "
+                                f"table_name => '{schema.TOKEN_ROWS}')")
                 for folder in _folders(seed_dir):
                     store.seed(folder)
             store._check_and_migrate()

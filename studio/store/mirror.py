@@ -61,6 +61,8 @@ class Mirror:
         self._sqlite: Path | None = None  # a SQLite catalog, read directly: no DuckLake transaction
         self._seen: tuple = ()  # the SQLite catalog's files as last looked at (see _latest)
         self._latest_seen = -1
+        self._token_files: list[tuple[str, str, str]] | None = None  # (path, first id, last id) at snapshot
+        self._file_ids: dict[str, tuple[str, str] | None] = {}  # a data file's ids, read from its footer once
         if spec.catalog.startswith("sqlite:"):
             self._sqlite = Path(spec.catalog[len("sqlite:"):]).resolve()
 
@@ -132,8 +134,9 @@ class Mirror:
                 for table in inserted - reloaded:
                     cur.execute(f"INSERT INTO {MIRROR}.main.{table} SELECT * FROM ducklake_table_insertions("
                                 f"'{lake.LAKE}', 'main', '{table}', {self.snapshot + 1}, {target})")
+            files = self._token_files_at(cur, target)
             cur.execute("COMMIT")
-            self.snapshot = target
+            self.snapshot, self._token_files = target, files
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
@@ -142,6 +145,53 @@ class Mirror:
             raise
         finally:
             cur.close()
+
+    # -- the per-token tables' data files ------------------------------------------------
+    def token_source(self, lo: str, hi: str) -> str | None:
+        """SQL reading the token rows of rollout ids ``lo``..``hi`` at the mirror's snapshot straight
+        from the data files whose ids can hold them (a Parquet read: no DuckLake planning, ~4 ms a
+        query); None where the lake must read them (rows deleted or updated, rows kept in the
+        catalog, a file without a column of today's schema)."""
+        files = self._token_files
+        if files is None:
+            return None
+        paths = [path for path, first, last in files if first <= hi and last >= lo]
+        if not paths:
+            return None
+        cols = ", ".join(schema.columns("tokens"))
+        listed = ", ".join(lake._lit(p) for p in paths)
+        return f"(SELECT {cols} FROM read_parquet([{listed}], union_by_name = true))"
+
+    def _token_files_at(self, cur: duckdb.DuckDBPyConnection, target: int) -> list[tuple[str, str, str]] | None:
+        """``token_rows``' data files at snapshot ``target`` with the first and last rollout id each
+        holds (see :meth:`token_source`), or None where they are not the whole table."""
+        try:
+            rows = cur.execute(f"SELECT data_file, delete_file FROM ducklake_list_files('{lake.LAKE}', "
+                               f"'{schema.TOKEN_ROWS}', snapshot_version => {target})").fetchall()
+        except duckdb.CatalogException:  # (no such table yet)
+            return None
+        if any(deletes is not None for _, deletes in rows) or self._inlined_tokens(cur, target):
+            return None
+        out = []
+        for path, _ in rows:
+            if path not in self._file_ids:  # (a data file never changes: read its footer once)
+                self._file_ids[path] = _id_range(cur, path)
+            if self._file_ids[path] is None:
+                return None
+            out.append((path, *self._file_ids[path]))
+        return out
+
+    def _inlined_tokens(self, cur: duckdb.DuckDBPyConnection, target: int) -> bool:
+        """Whether token rows are kept in the catalog at snapshot ``target`` (a write of under
+        ``DATA_INLINING_ROW_LIMIT`` rows in a store made before token rows were never inlined)."""
+        tables = cur.execute(
+            f"""SELECT i.table_name FROM {META}.ducklake_inlined_data_tables i
+                JOIN {META}.ducklake_table t USING (table_id)
+                WHERE t.table_name = ? AND t.begin_snapshot <= ? AND (t.end_snapshot IS NULL OR t.end_snapshot > ?)""",
+            [schema.TOKEN_ROWS, target, target]).fetchall()
+        return any(cur.execute(f"SELECT count(*) FROM {META}.{name} WHERE begin_snapshot <= ? AND "
+                               "(end_snapshot IS NULL OR end_snapshot > ?)", [target, target]).fetchall()[0][0]
+                   for (name,) in tables)
 
     def _plan(self, cur: duckdb.DuckDBPyConnection, target: int) -> tuple[set[str], set[str]] | None:
         """The mirrored tables with rows inserted, and those to copy again, between the mirror's
@@ -211,3 +261,14 @@ def _remove_orphans() -> None:
         pid = folder.name[len(PREFIX):].split("-")[0]
         if pid.isdigit() and owner_gone(f"{host}:{pid}"):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _id_range(cur: duckdb.DuckDBPyConnection, path: str) -> tuple[str, str] | None:
+    """The first and last rollout id in the token data file ``path`` (its footer's statistics); None
+    where it lacks a column of today's ``tokens`` (written before a migration added it)."""
+    have = {r[0] for r in cur.execute("SELECT name FROM parquet_schema(?)", [path]).fetchall()}
+    if not set(schema.columns("tokens")) <= have:
+        return None
+    first, last = cur.execute("SELECT min(stats_min), max(stats_max) FROM parquet_metadata(?) "
+                              "WHERE path_in_schema = 'rollout_id'", [path]).fetchall()[0]
+    return None if first is None or last is None else (first, last)

@@ -81,6 +81,9 @@ class TokenView:
         the store has shards, the same union with only the shards whose id range meets ``lo``..``hi``
         (``token_shards`` keeps each one's; none: the table alone), so a rollout's read opens at most
         the files that can hold it however many there are. The caller still filters on ``rollout_id``."""
+        if self._mirror_wanted:  # a shared store read through its mirror: its data files where it can
+            self._mirror_current()  # (the files of the snapshot the next read sees, or a later one)
+            return self._mirror.token_source(lo, hi) or "tokens"
         if not self._sharded:
             return "tokens"
         cur = self._con.cursor()  # its own: reads come from many threads
