@@ -7,7 +7,9 @@ answers a point read in under one. A token-strip click makes five point reads, a
 served studio dozens. The mirror keeps the tables those reads touch (rollouts, rewards, prompts,
 runs, ...) in a DuckDB file of this process's own, in a temporary folder deleted on close; the
 per-token tables (:data:`PER_TOKEN`, billions of rows in a real run) stay in the lake and the
-mirror holds views of them, so a query reads both without naming either.
+mirror holds views of them, so a query reads both without naming either. For a rollout's tokens
+the mirror also lists the token table's data files with the ids each holds
+(:meth:`Mirror.token_source`): the one file that can hold a rollout is read directly.
 
 Before each read :meth:`Mirror.current` compares the catalog's latest snapshot with the
 mirror's and applies what the snapshots between say changed (``ducklake_snapshot_changes``):
@@ -58,7 +60,7 @@ class Mirror:
         self._writes = 0  # this process's commits (stale), and how many of them the mirror holds
         self._synced_writes = 0
         self._checked = 0.0
-        self._sqlite: Path | None = None  # a SQLite catalog, read directly: no DuckLake transaction
+        self._sqlite: Path | None = None  # a SQLite catalog's file, whose stamps say when it changed
         self._seen: tuple = ()  # the SQLite catalog's files as last looked at (see _latest)
         self._latest_seen = -1
         self._token_files: list[tuple[str, str, str]] | None = None  # (path, first id, last id) at snapshot
