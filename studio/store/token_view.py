@@ -80,7 +80,9 @@ class TokenView:
         """What to read ``tokens`` rows of rollout ids ``lo``..``hi`` from: ``tokens`` itself, or, when
         the store has shards, the same union with only the shards whose id range meets ``lo``..``hi``
         (``token_shards`` keeps each one's; none: the table alone), so a rollout's read opens at most
-        the files that can hold it however many there are. The caller still filters on ``rollout_id``."""
+        the files that can hold it however many there are; on a shared store read through its mirror, the
+        token data files that can hold them (``Mirror.token_source``) where those are the whole table.
+        The caller still filters on ``rollout_id``."""
         if self._mirror_wanted:  # a shared store read through its mirror: its data files where it can
             self._mirror_current()  # (the files of the snapshot the next read sees, or a later one)
             return self._mirror.token_source(lo, hi) or "tokens"
