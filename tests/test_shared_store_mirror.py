@@ -148,3 +148,26 @@ def queries_tokens(store: Store, rid: str) -> pd.DataFrame:
     from studio import queries
 
     return queries.tokens(store, rid)
+
+
+def test_a_compaction_by_another_process_changes_no_row_read(shared):
+    store = Store.open(shared)
+    plain = Store.open(shared, mirror=False)
+    try:
+        rid = store.scalar("SELECT max(rollout_id) FROM rollouts")
+        q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
+        before = store.df(q, [rid]), store.scalar("SELECT count(*) FROM rewards")
+        run_py("""
+            import sys
+            from studio.store import Store
+            from studio.store.upkeep import compact
+            s = Store.open(sys.argv[1], mirror=False)
+            compact(s)
+            s.close()
+        """, str(shared))
+        assert store.df(q, [rid]).equals(before[0]) and store.df(q, [rid]).equals(plain.df(q, [rid]))
+        assert store.scalar("SELECT count(*) FROM rewards") == before[1]
+        assert "read_parquet" in store.tokens_between(rid, rid)  # the merged files, listed again
+    finally:
+        store.close()
+        plain.close()

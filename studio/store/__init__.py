@@ -335,8 +335,8 @@ class Store(Reads, TokenView):
 
     def close(self) -> None:
         self._close_readers()
-        self._con.close()
         self._close_mirror()
+        self._con.close()
 
     # -- reading -------------------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:

@@ -44,7 +44,7 @@ RECENT_NS = 100_000_000  # a catalog file changed within 0.1 s: asked again (see
 PG_CHECK_S = 0.5  # how stale another process's commit may be seen through a PostgreSQL catalog
 INSERTS = frozenset({"inserted_into_table", "inlined_insert"})  # rows added: copied as they are
 DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: the table again
-QUIET = frozenset({"compacted_table", "merge_adjacent", "flushed_inlined"})  # the same rows, other files
+QUIET = frozenset({"inline_flush", "merge_adjacent"})  # `store compact`: the same rows, in other files
 
 
 class Mirror:
