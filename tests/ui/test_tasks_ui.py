@@ -117,7 +117,7 @@ def test_generate_task_picker_and_deterministic_draw(page, server):
     assert page.locator(".fresh-prompts").is_visible()  # arithmetic: new prompts with a difficulty
     task.select_option("wp")
     page.locator(".draw-row").wait_for(state="visible", timeout=20_000)
-    assert not page.locator(".fresh-prompts").is_visible()  # only for the arithmetic task
+    page.locator(".fresh-prompts").wait_for(state="hidden", timeout=10_000)  # only for the arithmetic task
     assert "train (15)" in page.locator(".draw-split select option").all_inner_texts()
     page.locator(".draw-n input").fill("3")
     page.locator(".draw-n input").press("Tab")
