@@ -25,6 +25,12 @@ figure of the same action in the same run (target: ratio <= 1.5):
     ``Store.open`` and one read: on a shared store the first read makes the process's mirror of the
     tables but the per-token ones (``studio.store.mirror``), which every later read uses.
 
+``shared_read_after_update_ms_median`` (baseline ``shared_read_after_update_table_copied_ms_median``)
+    The first read after another connection updates one rollout (``--update-reps`` times each way,
+    alternating): the mirror replaces that rollout's row, against copying the whole table again
+    (``studio.store.mirror.REPLACE_SHARE`` set to 0: what the mirror did before). Every update writes
+    the value the row held: a reused store's rows stay as they were.
+
 The pieces (tokens alone, the header alone) and the table's refresh queries are printed beside them.
 
 **Concurrent ops.** ``benchmarks/bench_load.py``'s browsing sessions (``--sessions``, default 5; its
@@ -43,7 +49,7 @@ Each condition browses ``--seconds``. ``shared_store_concurrent_ops_errors`` (ta
 condition's errors: bench_load's (a page that does not open, an update that does not arrive within 10 s, a
 strip showing another rollout), server tracebacks, an import that fails, and rows that did not arrive.
 
-Options: --rollouts, --tokens-per-rollout, --db-file, --db-shared, --reps, --rounds, --sessions, --seconds,
+Options: --rollouts, --tokens-per-rollout, --db-file, --db-shared, --reps, --rounds, --update-reps, --sessions, --seconds,
 --warmup, --import-rollouts, --no-clicks, --no-load, --seed, --smoke (2,000-rollout stores, 3 repetitions,
 2 sessions for 3 s with no warm-up, 1,000 rollouts imported: seconds).
 """
@@ -177,6 +183,38 @@ def click_figures(lat: dict[str, dict[str, list[float]]]) -> list[dict]:
             print(f"target: {name} within {CLICK_TARGET:g}x of the file store's: {s / f:.2f}x "
                   f"{'met' if s <= CLICK_TARGET * f else 'NOT met'}")
     return out
+
+
+def update_reads(path: Path, reps: int) -> list[dict]:
+    """The first read after another connection updates one rollout (``rollout-studio enrich`` of one
+    text-only rollout, a review's verdict): the mirror replacing that rollout's row, against the
+    mirror copying the whole table again (what it did before: ``REPLACE_SHARE`` 0), alternating."""
+    from studio.store import Store, mirror
+
+    reader, writer = Store.open(path), Store.open(path, mirror=False)
+    share = mirror.REPLACE_SHARE
+    ms: dict[str, list[float]] = {"replaced": [], "copied": []}
+    try:
+        n = reader.scalar("SELECT count(*) FROM rollouts")
+        ids = list(reader.df(f"SELECT rollout_id FROM rollouts USING SAMPLE {2 * reps} ROWS")["rollout_id"])
+        for i, rid in enumerate(ids):
+            mode = ("replaced", "copied")[i % 2]
+            with writer.transaction() as cur:  # the same value: a DuckLake update all the same (a delete, an insert)
+                cur.execute("UPDATE rollouts SET answer = answer WHERE rollout_id = ?", [rid])
+            mirror.REPLACE_SHARE = share if mode == "replaced" else 0.0
+            t = time.perf_counter()
+            reader.scalar("SELECT count(*) FROM rollouts WHERE rollout_id = ?", [rid])
+            ms[mode].append((time.perf_counter() - t) * 1000)
+            mirror.REPLACE_SHARE = share
+    finally:
+        mirror.REPLACE_SHARE = share
+        reader.close()
+        writer.close()
+    ours, base = statistics.median(ms["replaced"]), statistics.median(ms["copied"])
+    print(f"\nread after one rollout of {n:,} was updated elsewhere: {ours:.1f} ms replacing its row, "
+          f"{base:.1f} ms copying the table again (medians of {len(ms['replaced'])})", flush=True)
+    return [figure("shared_read_after_update_ms_median", round(ours, 1), "ms",
+                   "shared_read_after_update_table_copied_ms_median", round(base, 1))]
 
 
 # --------------------------------------------------------------------------------------
@@ -348,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--db-shared", type=Path, help="the shared store (a folder) to reuse (or make and keep there)")
     ap.add_argument("--reps", type=int, default=30, help="repetitions of each click per round")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of clicks on each store, alternating the order")
+    ap.add_argument("--update-reps", type=int, default=5, help="reads after an update, each way")
     ap.add_argument("--sessions", type=int, default=5, help="browsing sessions per served condition")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long each served condition browses")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds one session browses each new server first")
@@ -355,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-clicks", action="store_true", help="only the concurrent ops (no large stores)")
     ap.add_argument("--no-load", action="store_true", help="only the clicks (no served studio)")
     ap.add_argument("--seed", type=int, default=7)
-    a = smoke.parse_args(ap, argv, rollouts=2_000, reps=3, rounds=1, sessions=2, seconds=3.0, warmup=0.0,
+    a = smoke.parse_args(ap, argv, rollouts=2_000, reps=3, rounds=1, update_reps=2, sessions=2, seconds=3.0, warmup=0.0,
                          import_rollouts=1_000)
     if a.rounds < 1 or a.sessions < 1:
         ap.error("--rounds and --sessions must be 1 or more")
@@ -371,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
             for p in paths.values():
                 describe(p)
             figures += click_figures(clicks(paths, a.reps, a.rounds, a.seed))
+            figures += update_reads(paths["shared"], a.update_reps)
         if not a.no_load:
             print(flush=True)
             figures += concurrent(tmp, a)

@@ -171,3 +171,52 @@ def test_a_compaction_by_another_process_changes_no_row_read(shared):
     finally:
         store.close()
         plain.close()
+
+
+def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_lake(shared):
+    """A few rollouts changed in a big table: their rows are replaced (the rest of the copy kept); a
+    row inserted and deleted between two reads, an update of most rows, a keyless table: after
+    each, every mirrored table reads as the lake does."""
+    store = Store.open(shared)
+    plain = Store.open(shared, mirror=False)
+    try:
+        ids = list(store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id")["rollout_id"])
+        assert len(ids) >= 20
+        run_py("""
+            import sys
+            import pandas as pd
+            from studio.store import Store
+            s = Store.open(sys.argv[1], mirror=False)
+            first, second = sys.argv[2], sys.argv[3]
+            with s.transaction() as cur:
+                cur.execute("UPDATE rollouts SET correct = NOT coalesce(correct, false) WHERE rollout_id = ?", [first])
+                cur.execute("DELETE FROM rewards WHERE rollout_id = ?", [second])
+                cur.execute("UPDATE rewards SET value = value + 1 WHERE rollout_id = ?", [first])
+            s.write({"runs": pd.DataFrame({"run_id": ["run_brief"], "kind": ["sample"], "name": ["brief"]})})
+            with s.transaction() as cur:
+                cur.execute("DELETE FROM runs WHERE run_id = 'run_brief'")
+            s.close()
+        """, str(shared), ids[0], ids[1])
+        assert_mirror_reads_as_the_lake(store, plain)
+        assert store.scalar("SELECT count(*) FROM rewards WHERE rollout_id = ?", [ids[1]]) == 0
+        assert store.scalar("SELECT count(*) FROM runs WHERE run_id = 'run_brief'") == 0
+        run_py("""
+            import sys
+            from studio.store import Store
+            s = Store.open(sys.argv[1], mirror=False)
+            with s.transaction() as cur:
+                cur.execute("UPDATE rollouts SET answer = 'x' || coalesce(answer, '')")  # every row: copied again
+                cur.execute("UPDATE metrics SET value = value * 2")
+            s.close()
+        """, str(shared))
+        assert_mirror_reads_as_the_lake(store, plain)
+        assert store.scalar("SELECT count(*) FROM rollouts WHERE NOT starts_with(answer, 'x')") == 0
+    finally:
+        store.close()
+        plain.close()
+
+
+def assert_mirror_reads_as_the_lake(store: Store, plain: Store) -> None:
+    for table in ("rollouts", "rewards", "runs", "prompts", "metrics", "pairs", "rule_versions"):
+        q = f"SELECT * FROM {table} ORDER BY ALL"
+        pd.testing.assert_frame_equal(store.df(q), plain.df(q), obj=table)

@@ -13,9 +13,9 @@ the mirror also lists the token table's data files with the ids each holds
 
 Before each read :meth:`Mirror.current` compares the catalog's latest snapshot with the
 mirror's and applies what the snapshots between say changed (``ducklake_snapshot_changes``):
-the rows inserted since (``ducklake_table_insertions``), a table copied again where rows were
-deleted or updated, everything copied again where a table was created, altered or dropped (a
-migration). Reads wait while one thread applies a commit (an import of 400,000 rollouts: about
+the rows inserted since (``ducklake_table_insertions``); where rows were deleted or updated
+(``ducklake_table_deletions``), the rows of those rollouts (runs, pairs, ...) replaced by the
+lake's; everything copied again where a table was created, altered or dropped (a migration). Reads wait while one thread applies a commit (an import of 400,000 rollouts: about
 3 s), so a read never sees a snapshot older than one committed before it began. Where the
 catalog is a SQLite file the check is two file stats (the catalog is asked through DuckDB only
 when they changed); a PostgreSQL catalog is asked at most every :data:`PG_CHECK_S` seconds, and
@@ -43,7 +43,9 @@ META = f"__ducklake_metadata_{lake.LAKE}"  # DuckLake's own name for the attache
 RECENT_NS = 100_000_000  # a catalog file changed within 0.1 s: asked again (see Mirror._latest)
 PG_CHECK_S = 0.5  # how stale another process's commit may be seen through a PostgreSQL catalog
 INSERTS = frozenset({"inserted_into_table", "inlined_insert"})  # rows added: copied as they are
-DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: the table again
+DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: replaced
+GROUPS = ("pair_id", "rollout_id", "run_id", "build_id", "export_id")  # see _group_of
+REPLACE_SHARE = 0.25  # changes reaching more of a table's rows than this: the table copied again
 QUIET = frozenset({"inline_flush", "merge_adjacent"})  # `store compact`: the same rows, in other files
 
 
@@ -130,9 +132,7 @@ class Mirror:
             else:
                 inserted, reloaded = plan
                 for table in reloaded:
-                    cur.execute(f"DELETE FROM {MIRROR}.main.{table}")
-                    cur.execute(f"INSERT INTO {MIRROR}.main.{table} SELECT * FROM {lake.LAKE}.main.{table} "
-                                f"AT (VERSION => {target})")
+                    self._replace(cur, table, target)
                 for table in inserted - reloaded:
                     cur.execute(f"INSERT INTO {MIRROR}.main.{table} SELECT * FROM ducklake_table_insertions("
                                 f"'{lake.LAKE}', 'main', '{table}', {self.snapshot + 1}, {target})")
@@ -219,6 +219,26 @@ class Mirror:
                     (inserted if kind in INSERTS else reloaded).add(table)
         return inserted, reloaded
 
+    def _replace(self, cur: duckdb.DuckDBPyConnection, table: str, target: int) -> None:
+        """Bring the copy of ``table``, where rows were deleted or updated, to snapshot ``target``:
+        every row sharing a changed row's :func:`group column <_group_of>` value is replaced by the
+        lake's rows of that value (one rollout enriched: its row, not a million); the whole table is
+        copied again where the changes reach more than :data:`REPLACE_SHARE` of it."""
+        copy, at = f"{MIRROR}.main.{table}", f"{lake.LAKE}.main.{table} AT (VERSION => {target})"
+        col = _group_of(table)
+        if col is not None:
+            span = f"'{lake.LAKE}', 'main', '{table}', {self.snapshot + 1}, {target}"
+            changed = (f"(SELECT DISTINCT {col} FROM (SELECT {col} FROM ducklake_table_deletions({span}) "
+                       f"UNION ALL SELECT {col} FROM ducklake_table_insertions({span})))")
+            n, nulls = cur.execute(f"SELECT count(*), count(*) - count({col}) FROM {changed}").fetchone()
+            held = cur.execute(f"SELECT count(*) FROM {copy}").fetchone()[0]
+            if not nulls and n <= REPLACE_SHARE * held:
+                cur.execute(f"DELETE FROM {copy} WHERE {col} IN {changed}")
+                cur.execute(f"INSERT INTO {copy} SELECT * FROM {at} WHERE {col} IN {changed}")
+                return
+        cur.execute(f"DELETE FROM {copy}")
+        cur.execute(f"INSERT INTO {copy} SELECT * FROM {at}")
+
     def _rebuild(self, cur: duckdb.DuckDBPyConnection, target: int) -> None:
         for (name,) in cur.execute("SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
                                    [MIRROR]).fetchall():
@@ -245,6 +265,13 @@ class Mirror:
         cur.execute(f"USE {MIRROR}")  # a view's unqualified names read the mirror's tables
         for (sql,) in views:
             cur.execute(sql)
+
+
+def _group_of(table: str) -> str | None:
+    """The column whose values group ``table``'s rows for :meth:`Mirror._replace`: its key, else the
+    id it hangs from (a pair, rollout, run, build or export); None where it has none (copied whole)."""
+    columns = schema.columns(table)
+    return schema.key_of(table) or next((c for c in GROUPS if c in columns), None)
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
