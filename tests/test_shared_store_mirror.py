@@ -220,3 +220,22 @@ def assert_mirror_reads_as_the_lake(store: Store, plain: Store) -> None:
     for table in ("rollouts", "rewards", "runs", "prompts", "metrics", "pairs", "rule_versions"):
         q = f"SELECT * FROM {table} ORDER BY ALL"
         pd.testing.assert_frame_equal(store.df(q), plain.df(q), obj=table)
+
+
+def test_token_rows_an_older_store_kept_in_its_catalog_go_to_a_data_file_when_it_is_opened(shared):
+    plain = Store.open(shared, mirror=False)
+    rid = plain.scalar("SELECT min(rollout_id) FROM rollouts")
+    with plain.transaction() as cur:  # as stores made before the option was: small writes kept in the catalog
+        cur.execute(f"CALL {lake.LAKE}.set_option('data_inlining_row_limit', 1000, table_name => 'token_rows')")
+    plain.write({"tokens": pd.DataFrame({"rollout_id": [rid] * 3, "pos": [10_000, 10_001, 10_002], "token_id": [1] * 3,
+                                         "token_text": ["a", "b", "c"], "logprob": [-0.5] * 3, "entropy": [0.1] * 3})})
+    assert lake.token_inlining(plain.cursor()) == "1000"
+    plain.close()
+    store = Store.open(shared)
+    try:
+        assert lake.token_inlining(store.cursor()) == "0"
+        assert "read_parquet" in store.tokens_between(rid, rid)  # every token row in a file: read there
+        q = f"SELECT token_text FROM {store.tokens_between(rid, rid)} WHERE rollout_id = ? AND pos >= 10000 ORDER BY pos"
+        assert list(store.df(q, [rid])["token_text"]) == ["a", "b", "c"]
+    finally:
+        store.close()

@@ -204,13 +204,11 @@ class Store(Reads, TokenView):
                         cur.execute(f"CALL {lake.LAKE}.set_option('parquet_row_group_size', {lake.ROW_GROUP_ROWS})")
                         store._create(cur)
             if fresh:
-                with store.transaction() as cur:  # (a table's own option: once the table is committed)
-                    # token rows always in data files, never in the catalog: the mirror reads them there
-                    cur.execute(f"CALL {lake.LAKE}.set_option('data_inlining_row_limit', 0, "
-                                f"table_name => '{schema.TOKEN_ROWS}')")
+                store._tokens_in_files()  # (a table's own option: once the table is committed)
                 for folder in _folders(seed_dir):
                     store.seed(folder)
             store._check_and_migrate()
+            store._tokens_in_files()  # a store made before the option was
             store._close_interrupted_runs()
             store.define_tasks()
         except duckdb.Error as exc:
@@ -220,6 +218,18 @@ class Store(Reads, TokenView):
             con.close()
             raise
         return store
+
+    def _tokens_in_files(self) -> None:
+        """Token rows always in a shared store's data files, never kept in its catalog (the mirror reads a
+        rollout's tokens from their file, :meth:`tokens_between`): the table's inlining limit set to 0
+        where it is not, and rows an older store kept in the catalog written out to a file, once."""
+        if lake.token_inlining(self._con) in ("0", None):  # (None: no token table yet)
+            return
+        with self.transaction() as cur:
+            cur.execute(f"CALL {lake.LAKE}.set_option('data_inlining_row_limit', 0, table_name => '{schema.TOKEN_ROWS}')")
+        with self.transaction() as cur:  # counted, not fetched (see upkeep.compact)
+            cur.execute(f"SELECT count(*) FROM ducklake_flush_inlined_data('{lake.LAKE}', "
+                        f"table_name => '{schema.TOKEN_ROWS}')").fetchall()
 
     @staticmethod
     def _no_tables(cur: duckdb.DuckDBPyConnection) -> bool:

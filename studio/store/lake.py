@@ -269,7 +269,18 @@ def _lit(text: str) -> str:
 
 def _wal(path: Path) -> None:
     """Put a SQLite catalog in WAL mode (made if missing): its readers then never block a writer's
-    commit, and a reader sees every commit made before its query began."""
+    commit, and a reader sees every commit made before its query began.
+
+    A catalog already in WAL mode (its header says so: bytes 18 and 19 are 2) is not opened here:
+    Python's SQLite library closing the file would release the locks DuckDB's own SQLite holds on it
+    in this process (POSIX locks are the whole process's), and another connection's reads would
+    then fail ("database disk image is malformed")."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(20)[18:20] == b"\x02\x02":
+                return
+    except FileNotFoundError:
+        pass
     path.parent.mkdir(parents=True, exist_ok=True)
     con = sqlite3.connect(path, timeout=30)
     try:
@@ -342,3 +353,17 @@ def kept_data_path(con: duckdb.DuckDBPyConnection) -> str | None:
     rows = con.execute(f"SELECT value FROM __ducklake_metadata_{LAKE}.ducklake_metadata "
                        "WHERE key = 'data_path'").fetchall()
     return rows[0][0] if rows else None
+
+
+def token_inlining(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The most token rows a write keeps in the catalog of the lake attached to ``con`` (DuckLake's
+    ``data_inlining_row_limit`` of ``token_rows``: "0" never, "" the lake's default); None where the
+    lake has no token table."""
+    from studio.store import schema
+
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND table_name = ?",
+                       [LAKE, schema.TOKEN_ROWS]).fetchall()[0][0]:
+        return None
+    rows = con.execute(f"SELECT value FROM {LAKE}.options() WHERE option_name = 'data_inlining_row_limit' "
+                       "AND scope = 'TABLE' AND scope_entry = ?", [f"main.{schema.TOKEN_ROWS}"]).fetchall()
+    return rows[0][0] if rows else ""
