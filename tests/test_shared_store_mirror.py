@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from sample_data import SEED_DIRS
-from studio.store import Store, lake
+from studio.store import Store, lake, mirror
 from tests.test_shared_store import run_py
 
 
@@ -173,10 +173,13 @@ def test_a_compaction_by_another_process_changes_no_row_read(shared):
         plain.close()
 
 
-def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_lake(shared):
+@pytest.mark.parametrize("listed", [mirror.LISTED, 0], ids=["ids-named", "ids-in-a-subquery"])
+def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_lake(shared, monkeypatch, listed):
     """A few rollouts changed in a big table: their rows are replaced (the rest of the copy kept); a
     row inserted and deleted between two reads, an update of most rows, a keyless table: after
-    each, every mirrored table reads as the lake does."""
+    each, every mirrored table reads as the lake does (the changed ids named in the query, and, as
+    where there are more than ``LISTED`` of them, read by a subquery)."""
+    monkeypatch.setattr(mirror, "LISTED", listed)
     store = Store.open(shared)
     plain = Store.open(shared, mirror=False)
     try:

@@ -46,6 +46,7 @@ INSERTS = frozenset({"inserted_into_table", "inlined_insert"})  # rows added: co
 DELETES = frozenset({"deleted_from_table", "inlined_delete"})  # rows gone or updated: replaced
 GROUPS = ("pair_id", "rollout_id", "run_id", "build_id", "export_id")  # see _group_of
 REPLACE_SHARE = 0.25  # changes reaching more of a table's rows than this: the table copied again
+LISTED = 1_000  # up to this many changed ids are named in the replacing query (see Mirror._replace)
 QUIET = frozenset({"inline_flush", "merge_adjacent"})  # `store compact`: the same rows, in other files
 
 
@@ -230,14 +231,18 @@ class Mirror:
             span = f"'{lake.LAKE}', 'main', '{table}', {self.snapshot + 1}, {target}"
             changed = (f"(SELECT DISTINCT {col} FROM (SELECT {col} FROM ducklake_table_deletions({span}) "
                        f"UNION ALL SELECT {col} FROM ducklake_table_insertions({span})))")
-            n, nulls = cur.execute(f"SELECT count(*), count(*) - count({col}) FROM {changed}").fetchone()
+            values = [v for (v,) in cur.execute(f"SELECT * FROM {changed}").fetchall()]
             held = cur.execute(f"SELECT count(*) FROM {copy}").fetchone()[0]
-            if not nulls and n <= REPLACE_SHARE * held:
+            if None not in values and len(values) <= REPLACE_SHARE * held:
+                if len(values) <= LISTED and all(isinstance(v, str) for v in values):
+                    # named in the query: the lake skips the files, the copy the row groups, that cannot hold
+                    # them (by their min/max), where a subquery's values make both read every row (10x)
+                    changed = f"({', '.join(lake._lit(v) for v in values)})"
                 cur.execute(f"DELETE FROM {copy} WHERE {col} IN {changed}")
                 cur.execute(f"INSERT INTO {copy} SELECT * FROM {at} WHERE {col} IN {changed}")
                 return
-        cur.execute(f"DELETE FROM {copy}")
-        cur.execute(f"INSERT INTO {copy} SELECT * FROM {at}")
+        cur.execute(f"DROP TABLE {copy}")  # (made again with its index: faster than deleting every row)
+        _copy(cur, table, target)
 
     def _rebuild(self, cur: duckdb.DuckDBPyConnection, target: int) -> None:
         for (name,) in cur.execute("SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
@@ -252,19 +257,24 @@ class Mirror:
             if table in PER_TOKEN:
                 cur.execute(f"CREATE VIEW {MIRROR}.main.{table} AS SELECT * FROM {lake.LAKE}.main.{table}")
             else:
-                key = schema.key_of(table)
-                # in the order of ids (made in time order, as later rows come): a read of one rollout's
-                # rows skips every other row group by its min/max
-                by = "rollout_id" if "rollout_id" in schema.columns(table) else key
-                cur.execute(f"CREATE TABLE {MIRROR}.main.{table} AS SELECT * FROM {lake.LAKE}.main.{table} "
-                            f"AT (VERSION => {target})" + (f" ORDER BY {by}" if by else ""))
-                if key:  # a point read by id, as fast as through a store file's primary key
-                    cur.execute(f"CREATE INDEX {table}_by_{key} ON {MIRROR}.main.{table} ({key})")
+                _copy(cur, table, target)
         views = cur.execute("SELECT sql FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main' "
                             "AND NOT internal", [lake.LAKE]).fetchall()
         cur.execute(f"USE {MIRROR}")  # a view's unqualified names read the mirror's tables
         for (sql,) in views:
             cur.execute(sql)
+
+
+def _copy(cur: duckdb.DuckDBPyConnection, table: str, target: int) -> None:
+    """Copy the lake's ``table`` at snapshot ``target`` into the mirror, sorted and indexed."""
+    key = schema.key_of(table)
+    # in the order of ids (made in time order, as later rows come): a read of one rollout's rows skips
+    # every other row group by its min/max
+    by = "rollout_id" if "rollout_id" in schema.columns(table) else key
+    cur.execute(f"CREATE TABLE {MIRROR}.main.{table} AS SELECT * FROM {lake.LAKE}.main.{table} "
+                f"AT (VERSION => {target})" + (f" ORDER BY {by}" if by else ""))
+    if key:  # a point read by id, as fast as through a store file's primary key
+        cur.execute(f"CREATE INDEX {table}_by_{key} ON {MIRROR}.main.{table} ({key})")
 
 
 def _group_of(table: str) -> str | None:
