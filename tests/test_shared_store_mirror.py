@@ -19,6 +19,15 @@ def shared(tmp_path):
     return folder
 
 
+@pytest.fixture
+def both(shared):
+    """The shared store opened twice in this process: read through a mirror, and read in the lake."""
+    store, plain = Store.open(shared), Store.open(shared, mirror=False)
+    yield store, plain
+    store.close()
+    plain.close()
+
+
 def mirror_file(store: Store) -> str | None:
     rows = store.df("SELECT path FROM duckdb_databases() WHERE database_name = 'mirror'")
     return rows["path"].iloc[0] if len(rows) else None
@@ -78,23 +87,18 @@ def test_a_process_reads_its_own_writes_at_once_and_the_mirror_goes_on_close(sha
     assert not path.parent.exists()
 
 
-def test_token_rows_are_read_in_the_lake_and_a_command_can_skip_the_mirror(shared):
-    store = Store.open(shared)
-    plain = Store.open(shared, mirror=False)
-    try:
-        rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
-        q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
-        assert store.df(q, [rid]).equals(plain.df(q, [rid])) and store.scalar(q, [rid]) > 0
-        assert mirror_file(store) and mirror_file(plain) is None
-        views = store.df("SELECT view_name FROM duckdb_views() WHERE database_name = 'mirror' AND NOT internal")
-        assert {"token_rows", "token_scores", "tokens"} <= set(views["view_name"])  # the lake's, read there
-        # a row inserted into the lake's token rows is there for the next read of the mirrored store
-        plain.write({"tokens": pd.DataFrame({"rollout_id": [rid], "pos": [10_000], "token_id": [1],
-                                             "token_text": ["x"], "logprob": [-0.5], "entropy": [0.1]})})
-        assert store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ? AND pos = 10000", [rid]) == 1
-    finally:
-        store.close()
-        plain.close()
+def test_token_rows_are_read_in_the_lake_and_a_command_can_skip_the_mirror(both):
+    store, plain = both
+    rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
+    q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
+    assert store.df(q, [rid]).equals(plain.df(q, [rid])) and store.scalar(q, [rid]) > 0
+    assert mirror_file(store) and mirror_file(plain) is None
+    views = store.df("SELECT view_name FROM duckdb_views() WHERE database_name = 'mirror' AND NOT internal")
+    assert {"token_rows", "token_scores", "tokens"} <= set(views["view_name"])  # the lake's, read there
+    # a row inserted into the lake's token rows is there for the next read of the mirrored store
+    plain.write({"tokens": pd.DataFrame({"rollout_id": [rid], "pos": [10_000], "token_id": [1],
+                                         "token_text": ["x"], "logprob": [-0.5], "entropy": [0.1]})})
+    assert store.scalar("SELECT count(*) FROM tokens WHERE rollout_id = ? AND pos = 10000", [rid]) == 1
 
 
 def test_the_mirror_of_a_killed_process_is_removed_by_the_next_one(shared):
@@ -116,32 +120,27 @@ def test_the_mirror_of_a_killed_process_is_removed_by_the_next_one(shared):
         store.close()
 
 
-def test_token_rows_are_read_from_their_data_files_while_those_are_the_whole_table(shared):
-    store = Store.open(shared)
-    plain = Store.open(shared, mirror=False)
-    try:
-        rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
-        src = store.tokens_between(rid, rid)
-        assert "read_parquet" in src  # the files that can hold it, read without the lake's planning
-        direct = store.df(f"SELECT * FROM {src} WHERE rollout_id = ? ORDER BY pos", [rid])
-        pd.testing.assert_frame_equal(direct, plain.df("SELECT * FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid]))
-        assert len(direct) > 0
+def test_token_rows_are_read_from_their_data_files_while_those_are_the_whole_table(shared, both):
+    store, plain = both
+    rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
+    src = store.tokens_between(rid, rid)
+    assert "read_parquet" in src  # the files that can hold it, read without the lake's planning
+    direct = store.df(f"SELECT * FROM {src} WHERE rollout_id = ? ORDER BY pos", [rid])
+    pd.testing.assert_frame_equal(direct, plain.df("SELECT * FROM tokens WHERE rollout_id = ? ORDER BY pos", [rid]))
+    assert len(direct) > 0
 
-        # another process changes a token row (DuckLake writes a delete file): the lake reads them again
-        run_py("""
-            import sys
-            from studio.store import Store
-            s = Store.open(sys.argv[1], mirror=False)
-            with s.transaction() as cur:
-                cur.execute("UPDATE token_rows SET logprob = -9 WHERE rollout_id = ? AND pos = 0", [sys.argv[2]])
-            s.close()
-        """, str(shared), rid)
-        assert store.tokens_between(rid, rid) == "tokens"
-        assert store.scalar("SELECT logprob FROM tokens WHERE rollout_id = ? AND pos = 0", [rid]) == -9
-        assert queries_tokens(store, rid)["logprob"].iloc[0] == -9
-    finally:
-        store.close()
-        plain.close()
+    # another process changes a token row (DuckLake writes a delete file): the lake reads them again
+    run_py("""
+        import sys
+        from studio.store import Store
+        s = Store.open(sys.argv[1], mirror=False)
+        with s.transaction() as cur:
+            cur.execute("UPDATE token_rows SET logprob = -9 WHERE rollout_id = ? AND pos = 0", [sys.argv[2]])
+        s.close()
+    """, str(shared), rid)
+    assert store.tokens_between(rid, rid) == "tokens"
+    assert store.scalar("SELECT logprob FROM tokens WHERE rollout_id = ? AND pos = 0", [rid]) == -9
+    assert queries_tokens(store, rid)["logprob"].iloc[0] == -9
 
 
 def queries_tokens(store: Store, rid: str) -> pd.DataFrame:
@@ -150,73 +149,63 @@ def queries_tokens(store: Store, rid: str) -> pd.DataFrame:
     return queries.tokens(store, rid)
 
 
-def test_a_compaction_by_another_process_changes_no_row_read(shared):
-    store = Store.open(shared)
-    plain = Store.open(shared, mirror=False)
-    try:
-        rid = store.scalar("SELECT max(rollout_id) FROM rollouts")
-        q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
-        before = store.df(q, [rid]), store.scalar("SELECT count(*) FROM rewards")
-        run_py("""
-            import sys
-            from studio.store import Store
-            from studio.store.upkeep import compact
-            s = Store.open(sys.argv[1], mirror=False)
-            compact(s)
-            s.close()
-        """, str(shared))
-        assert store.df(q, [rid]).equals(before[0]) and store.df(q, [rid]).equals(plain.df(q, [rid]))
-        assert store.scalar("SELECT count(*) FROM rewards") == before[1]
-        assert "read_parquet" in store.tokens_between(rid, rid)  # the merged files, listed again
-    finally:
-        store.close()
-        plain.close()
+def test_a_compaction_by_another_process_changes_no_row_read(shared, both):
+    store, plain = both
+    rid = store.scalar("SELECT max(rollout_id) FROM rollouts")
+    q = "SELECT count(*), sum(logprob) FROM tokens WHERE rollout_id = ?"
+    before = store.df(q, [rid]), store.scalar("SELECT count(*) FROM rewards")
+    run_py("""
+        import sys
+        from studio.store import Store
+        from studio.store.upkeep import compact
+        s = Store.open(sys.argv[1], mirror=False)
+        compact(s)
+        s.close()
+    """, str(shared))
+    assert store.df(q, [rid]).equals(before[0]) and store.df(q, [rid]).equals(plain.df(q, [rid]))
+    assert store.scalar("SELECT count(*) FROM rewards") == before[1]
+    assert "read_parquet" in store.tokens_between(rid, rid)  # the merged files, listed again
 
 
 @pytest.mark.parametrize("listed", [mirror.LISTED, 0], ids=["ids-named", "ids-in-a-subquery"])
-def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_lake(shared, monkeypatch, listed):
+def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_lake(shared, both, monkeypatch, listed):
     """A few rollouts changed in a big table: their rows are replaced (the rest of the copy kept); a
     row inserted and deleted between two reads, an update of most rows, a keyless table: after
     each, every mirrored table reads as the lake does (the changed ids named in the query, and, as
     where there are more than ``LISTED`` of them, read by a subquery)."""
     monkeypatch.setattr(mirror, "LISTED", listed)
-    store = Store.open(shared)
-    plain = Store.open(shared, mirror=False)
-    try:
-        ids = list(store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id")["rollout_id"])
-        assert len(ids) >= 20
-        run_py("""
-            import sys
-            import pandas as pd
-            from studio.store import Store
-            s = Store.open(sys.argv[1], mirror=False)
-            first, second = sys.argv[2], sys.argv[3]
-            with s.transaction() as cur:
-                cur.execute("UPDATE rollouts SET correct = NOT coalesce(correct, false) WHERE rollout_id = ?", [first])
-                cur.execute("DELETE FROM rewards WHERE rollout_id = ?", [second])
-                cur.execute("UPDATE rewards SET value = value + 1 WHERE rollout_id = ?", [first])
-            s.write({"runs": pd.DataFrame({"run_id": ["run_brief"], "kind": ["sample"], "name": ["brief"]})})
-            with s.transaction() as cur:
-                cur.execute("DELETE FROM runs WHERE run_id = 'run_brief'")
-            s.close()
-        """, str(shared), ids[0], ids[1])
-        assert_mirror_reads_as_the_lake(store, plain)
-        assert store.scalar("SELECT count(*) FROM rewards WHERE rollout_id = ?", [ids[1]]) == 0
-        assert store.scalar("SELECT count(*) FROM runs WHERE run_id = 'run_brief'") == 0
-        run_py("""
-            import sys
-            from studio.store import Store
-            s = Store.open(sys.argv[1], mirror=False)
-            with s.transaction() as cur:
-                cur.execute("UPDATE rollouts SET answer = 'x' || coalesce(answer, '')")  # every row: copied again
-                cur.execute("UPDATE metrics SET value = value * 2")
-            s.close()
-        """, str(shared))
-        assert_mirror_reads_as_the_lake(store, plain)
-        assert store.scalar("SELECT count(*) FROM rollouts WHERE NOT starts_with(answer, 'x')") == 0
-    finally:
-        store.close()
-        plain.close()
+    store, plain = both
+    ids = list(store.df("SELECT rollout_id FROM rollouts ORDER BY rollout_id")["rollout_id"])
+    assert len(ids) >= 20
+    run_py("""
+        import sys
+        import pandas as pd
+        from studio.store import Store
+        s = Store.open(sys.argv[1], mirror=False)
+        first, second = sys.argv[2], sys.argv[3]
+        with s.transaction() as cur:
+            cur.execute("UPDATE rollouts SET correct = NOT coalesce(correct, false) WHERE rollout_id = ?", [first])
+            cur.execute("DELETE FROM rewards WHERE rollout_id = ?", [second])
+            cur.execute("UPDATE rewards SET value = value + 1 WHERE rollout_id = ?", [first])
+        s.write({"runs": pd.DataFrame({"run_id": ["run_brief"], "kind": ["sample"], "name": ["brief"]})})
+        with s.transaction() as cur:
+            cur.execute("DELETE FROM runs WHERE run_id = 'run_brief'")
+        s.close()
+    """, str(shared), ids[0], ids[1])
+    assert_mirror_reads_as_the_lake(store, plain)
+    assert store.scalar("SELECT count(*) FROM rewards WHERE rollout_id = ?", [ids[1]]) == 0
+    assert store.scalar("SELECT count(*) FROM runs WHERE run_id = 'run_brief'") == 0
+    run_py("""
+        import sys
+        from studio.store import Store
+        s = Store.open(sys.argv[1], mirror=False)
+        with s.transaction() as cur:
+            cur.execute("UPDATE rollouts SET answer = 'x' || coalesce(answer, '')")  # every row: copied again
+            cur.execute("UPDATE metrics SET value = value * 2")
+        s.close()
+    """, str(shared))
+    assert_mirror_reads_as_the_lake(store, plain)
+    assert store.scalar("SELECT count(*) FROM rollouts WHERE NOT starts_with(answer, 'x')") == 0
 
 
 def assert_mirror_reads_as_the_lake(store: Store, plain: Store) -> None:
