@@ -143,6 +143,26 @@ def test_token_rows_are_read_from_their_data_files_while_those_are_the_whole_tab
     assert queries_tokens(store, rid)["logprob"].iloc[0] == -9
 
 
+def test_token_files_written_before_a_column_was_added_are_read_in_the_lake(shared, both):
+    """A column added to the token rows after their files were written (a migration): the files lack
+    it, and the lake gives its default; read by name they would not."""
+    store, plain = both
+    rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
+    assert "read_parquet" in store.tokens_between(rid, rid)
+    run_py("""
+        import sys
+        from studio.store import Store
+        s = Store.open(sys.argv[1], mirror=False)
+        with s.transaction() as cur:
+            cur.execute("ALTER TABLE token_rows DROP COLUMN train_rank")
+            cur.execute("ALTER TABLE token_rows ADD COLUMN train_rank INTEGER DEFAULT 3")
+        s.close()
+    """, str(shared))
+    assert store.tokens_between(rid, rid) == "tokens"
+    q = "SELECT DISTINCT train_rank FROM tokens WHERE rollout_id = ?"
+    assert list(store.df(q, [rid])["train_rank"]) == [3] == list(plain.df(q, [rid])["train_rank"])
+
+
 def queries_tokens(store: Store, rid: str) -> pd.DataFrame:
     from studio import queries
 

@@ -67,7 +67,6 @@ class Mirror:
         self._seen: tuple = ()  # the SQLite catalog's files as last looked at (see _latest)
         self._latest_seen = -1
         self._token_files: list[tuple[str, str, str]] | None = None  # (path, first id, last id) at snapshot
-        self._file_ids: dict[str, tuple[str, str] | None] = {}  # a data file's ids, read from its footer once
         if spec.catalog.startswith("sqlite:"):
             self._sqlite = Path(spec.catalog[len("sqlite:"):]).resolve()
 
@@ -167,7 +166,8 @@ class Mirror:
 
     def _token_files_at(self, cur: duckdb.DuckDBPyConnection, target: int) -> list[tuple[str, str, str]] | None:
         """``token_rows``' data files at snapshot ``target`` with the first and last rollout id each
-        holds (see :meth:`token_source`), or None where they are not the whole table."""
+        holds (the catalog's statistics of the file), or None where they are not the whole table (see
+        :meth:`token_source`)."""
         try:
             rows = cur.execute(f"SELECT data_file, delete_file FROM ducklake_list_files('{lake.LAKE}', "
                                f"'{schema.TOKEN_ROWS}', snapshot_version => {target})").fetchall()
@@ -175,14 +175,33 @@ class Mirror:
             return None
         if any(deletes is not None for _, deletes in rows) or self._inlined_tokens(cur, target):
             return None
+        ranges = self._token_ranges(cur, target)
         out = []
         for path, _ in rows:
-            if path not in self._file_ids:  # (a data file never changes: read its footer once)
-                self._file_ids[path] = _id_range(cur, path)
-            if self._file_ids[path] is None:
+            got = ranges.get(path.rsplit("/", 1)[-1])  # (the catalog keeps a file's name, the list its whole path)
+            if got is None:
                 return None
-            out.append((path, *self._file_ids[path]))
+            out.append((path, *got))
         return out
+
+    def _token_ranges(self, cur: duckdb.DuckDBPyConnection, target: int) -> dict[str, tuple[str, str]]:
+        """Each ``token_rows`` data file's name at snapshot ``target`` with its least and greatest
+        rollout id, from the catalog's statistics (a Parquet footer read: 10 ms a file). A file written
+        before the table's newest column was added is left out: read by name, it would give that
+        column as NULL (or as a dropped column's values), where the lake gives its default."""
+        def alive(x: str) -> str:
+            return f"{x}.begin_snapshot <= {target} AND ({x}.end_snapshot IS NULL OR {x}.end_snapshot > {target})"
+
+        columns = f"""{META}.ducklake_table t JOIN {META}.ducklake_column c ON c.table_id = t.table_id
+                      AND t.table_name = '{schema.TOKEN_ROWS}' AND {alive('t')} AND {alive('c')}"""
+        newest = cur.execute(f"SELECT max(c.begin_snapshot) FROM {columns}").fetchall()[0][0]
+        rows = cur.execute(
+            f"""SELECT f.path, s.min_value, s.max_value FROM {columns} AND c.column_name = 'rollout_id'
+                JOIN {META}.ducklake_data_file f ON f.table_id = t.table_id AND {alive('f')}
+                JOIN {META}.ducklake_file_column_stats s ON s.data_file_id = f.data_file_id AND s.column_id = c.column_id
+                WHERE f.begin_snapshot >= ? AND s.min_value IS NOT NULL AND s.max_value IS NOT NULL""",
+            [newest]).fetchall()
+        return {path.rsplit("/", 1)[-1]: (lo, hi) for path, lo, hi in rows}
 
     def _inlined_tokens(self, cur: duckdb.DuckDBPyConnection, target: int) -> bool:
         """Whether token rows are kept in the catalog at snapshot ``target`` (a write of under
@@ -300,14 +319,3 @@ def _remove_orphans() -> None:
         pid = folder.name[len(PREFIX):].split("-")[0]
         if pid.isdigit() and owner_gone(f"{host}:{pid}"):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _id_range(cur: duckdb.DuckDBPyConnection, path: str) -> tuple[str, str] | None:
-    """The first and last rollout id in the token data file ``path`` (its footer's statistics); None
-    where it lacks a column of today's ``tokens`` (written before a migration added it)."""
-    have = {r[0] for r in cur.execute("SELECT name FROM parquet_schema(?)", [path]).fetchall()}
-    if not set(schema.columns("tokens")) <= have:
-        return None
-    first, last = cur.execute("SELECT min(stats_min), max(stats_max) FROM parquet_metadata(?) "
-                              "WHERE path_in_schema = 'rollout_id'", [path]).fetchall()[0]
-    return None if first is None or last is None else (first, last)
