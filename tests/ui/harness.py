@@ -139,6 +139,18 @@ def wait_text(page, locator, needle: str, timeout_s: float = 20) -> str:
         page.wait_for_timeout(200)
 
 
+def eventually(page, read, ok, timeout_s: float = 20, what: str = "the page"):
+    """Poll ``read()`` until ``ok(value)`` holds; return that value. For page state that a callback
+    updates in several messages, after the one a test waited for."""
+    deadline = time.time() + timeout_s
+    while True:
+        got = read()
+        if ok(got) or time.time() > deadline:
+            assert ok(got), f"{what} stayed {got!r}"
+            return got
+        page.wait_for_timeout(200)
+
+
 def open_row(page, n: int) -> None:
     """Open the table's ``n``-th row and wait until the strip shows that rollout (not the one shown
     before the click: a card hovered on the old strip is redrawn away)."""

@@ -10,7 +10,18 @@ from playwright.sync_api import expect
 
 from studio.store.runs import start_run
 
-from .harness import Server, open_row, rollouts_total, start_generate, strip_text, studio_page, text, wait_text
+from .harness import (
+    Server,
+    eventually,
+    open_row,
+    rollouts_total,
+    set_sidebar,
+    start_generate,
+    strip_text,
+    studio_page,
+    text,
+    wait_text,
+)
 
 pytestmark = pytest.mark.ui
 
@@ -193,12 +204,11 @@ def test_the_table_fits_its_card_with_every_header_whole(browser, server, width,
         page.wait_for_selector(".tabulator-row", timeout=60_000)
         for sidebar in ("open", "closed"):
             if sidebar == "closed":
-                page.locator("#sidebar-toggle").click()
-                page.wait_for_timeout(800)  # the sidebar slides away, the table widens
-            got = page.evaluate(HEADERS)
+                set_sidebar(page, False)  # the sidebar slides away, the table widens
+            got = eventually(page, lambda: page.evaluate(HEADERS),
+                             lambda got: all(whole for _, whole in got["titles"]) and got["scroll"] <= 0,
+                             what=f"the headers with the sidebar {sidebar}")
             assert [t for t, _ in got["titles"]] == ["prompt", "completion", "reward", "adv.", "ok", "len", "fork"]
-            assert all(whole for _, whole in got["titles"]), (sidebar, got)
-            assert got["scroll"] <= 0, (sidebar, got)
     finally:
         ctx.close()
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from .harness import text, wait_text
+from .harness import eventually, text, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -31,7 +31,7 @@ def test_build_review_and_download_two_pairs(page, tmp_path):
     page.locator(".build-pairs button").click()
     wait_text(page, page.locator(".build-message"), "new")
     wait_text(page, page.locator(".review-counts"), "0 of")
-    assert "pending" in text(page.locator(".pair-card"))
+    wait_text(page, page.locator(".pair-card"), "pending")  # (the card is drawn after the counts)
     # the first pair: accepted with the keyboard (focus outside any text box)
     first = shown_pair(page)
     assert first["chosen"] and first["rejected"] and first["chosen"] != first["rejected"]
@@ -39,11 +39,10 @@ def test_build_review_and_download_two_pairs(page, tmp_path):
     page.keyboard.press("a")
     wait_text(page, page.locator(".review-counts"), "1 of")
     # the queue moved on to the next pending pair: accepted with the button
-    second = shown_pair(page)
-    assert second != first
+    second = eventually(page, lambda: shown_pair(page), lambda p: p != first, what="the pair card")
     page.locator(".review-accept button").click()
     wait_text(page, page.locator(".review-counts"), "2 of")
-    assert text(page.locator(".n-accepted")) == "2"
+    eventually(page, lambda: text(page.locator(".n-accepted")), lambda n: n == "2", what="the accepted count")
     # a third one rejected: not exported
     page.keyboard.press("r")
     wait_text(page, page.locator(".review-counts"), "1 rejected")
@@ -98,11 +97,15 @@ def test_hand_pick_two_completions_of_one_group(page):
     page.locator(".review-show select").select_option("accepted")
     wait_text(page, page.locator(".pair-card"), "accepted")
     seen = []
-    for _ in range(before + 1):  # walk the accepted pairs to the hand-picked one
-        ids = page.locator(".pair-card .pair-side").evaluate_all("els => els.map(e => e.dataset.rollout.slice(-8))")
+
+    def sides() -> list[str]:
+        return page.locator(".pair-card .pair-side").evaluate_all("els => els.map(e => e.dataset.rollout.slice(-8))")
+
+    ids = sides()
+    for _ in range(before + 3):  # walk the accepted pairs to the hand-picked one (the first read may be stale)
         seen.append(ids)
         if ids == [chosen, rejected]:
             break
         page.locator(".review-next button").click()
-        page.wait_for_timeout(400)
+        ids = eventually(page, sides, lambda got: got != seen[-1], what="the pair card")
     assert [chosen, rejected] in seen, seen

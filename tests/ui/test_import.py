@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .harness import text, wait_text
+from .harness import open_row, text, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -45,15 +45,16 @@ def test_import_skip_enrich_tail_and_sql(page, tmp_path):
     assert "skipped 1 malformed" in msg and "1.jsonl:3" in msg
     # the table jumps to the imported run
     wait_text(page, page.locator(".table-count"), "15 of", timeout_s=30)
-    assert str(run_dir) in text(page.locator(".import-tails"))
+    wait_text(page, page.locator(".import-tails"), str(run_dir), timeout_s=30)  # (drawn after the table)
 
     # enrich: the imported run has no tokens; the sample policy fills them in
+    wait_text(page, page.locator(".enrich-run"), "without tokens", timeout_s=30)  # (its options: after the tails)
     page.locator(".enrich-run select").select_option(index=0)
     assert "without tokens" in text(page.locator(".enrich-run"))
     page.locator(".enrich-button button").click()
     wait_text(page, page.locator(".enrich-message"), "Enriched 15 rollouts", timeout_s=120)
-    page.locator(".tabulator-row").first.click()
-    page.locator(".token-strip .tok").nth(3).wait_for(timeout=30_000)  # tokens from teacher forcing
+    open_row(page, 0)  # its tokens, from teacher forcing (not the strip shown before the click)
+    assert page.locator(".token-strip .tok").count() > 3
     assert "+" in text(page.locator(".token-strip"))
 
     # a step written after the import arrives through the watched folder

@@ -10,7 +10,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from .harness import text, wait_text
+from .harness import eventually, text, wait_text
 
 pytestmark = pytest.mark.ui
 
@@ -152,12 +152,9 @@ def test_edit_check_apply_diff_and_switch_version_back(page):
     # the views follow the version picked in the sidebar, and come back
     pick_shown(page, "lengthy@")
     expect(page.locator(".rollout-table .tabulator-row").first).to_be_visible()
-    page.wait_for_timeout(1500)
-    with_new = table_rewards(page)
-    assert with_new != before
+    eventually(page, lambda: table_rewards(page), lambda got: got != before, what="the table's rewards")
     pick_shown(page, "arithmetic@")
-    page.wait_for_timeout(1500)
-    assert table_rewards(page) == before
+    eventually(page, lambda: table_rewards(page), lambda got: got == before, what="the table's rewards")
 
 
 def test_hacking_tab_compares_the_new_version_with_the_built_in_rule(page):

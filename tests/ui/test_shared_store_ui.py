@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from sample_data import ROLLOUTS_DIR
 from studio.store import Store, lake
 
-from .harness import ROOT, Server, open_sampled_row, start_generate, studio_page, text
+from .harness import ROOT, Server, eventually, open_sampled_row, start_generate, studio_page, text
 from .test_import import verl_dump
 from .test_layout import OVERFLOW, SIZES
 
@@ -121,10 +121,12 @@ def test_the_shared_store_page_fits(browser, shared, size):
         line = page.locator(".store-info .meta-line span").first
         expect(line).to_contain_text("shared store team-runs")
         # the header's line is whole: not cut by its box
-        assert line.evaluate("el => el.scrollWidth <= el.clientWidth + 1 && el.scrollHeight <= el.clientHeight + 1")
+        # (laid out again in the frames after the resize)
+        eventually(page, lambda: line.evaluate("el => el.scrollWidth <= el.clientWidth + 1 && "
+                                               "el.scrollHeight <= el.clientHeight + 1"), bool, what="the store line cut")
+        eventually(page, lambda: page.evaluate(OVERFLOW), lambda got: got == [], what="the overflowing elements")
         if os.environ.get("STUDIO_SHOTS"):
             page.screenshot(path=os.path.join(os.environ["STUDIO_SHOTS"], f"shared-store-{size[0]}.png"))
-        assert page.evaluate(OVERFLOW) == []
 
 
 def test_a_team_catalog_url_is_served(browser, postgres, tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 and its view drawn when clicked; only the open tab's view in the page."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from studio.face.tabs import TABS
@@ -25,7 +27,12 @@ HEADERS = """() => {
 def headers_inside(page) -> list[dict]:
     """The boxes of the tabs and their headers; asserts each is whole and inside the viewport's width."""
     width = page.viewport_size["width"]
-    boxes = page.evaluate(HEADERS)
+    deadline = time.time() + 5  # (a resize or a sidebar moved: laid out again in the next frames)
+    while True:
+        boxes = page.evaluate(HEADERS)
+        if all(b["left"] >= 0 and b["right"] <= width for b in boxes) or time.time() > deadline:
+            break
+        page.wait_for_timeout(200)
     assert [b["title"] for b in boxes] == ["(the tabs)", *TITLES]
     for b in boxes:
         assert b["left"] >= 0 and b["right"] <= width, f"{b['title']!r} runs past the page's right edge: {b}"
