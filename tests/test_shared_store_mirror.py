@@ -2,6 +2,9 @@
 another OS process is seen by the next read (rows inserted, updated, deleted, a column added), a
 process sees its own writes at once, the per-token tables are read in the lake, and the mirror's
 local file goes when the store closes."""
+import os
+import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -251,3 +254,24 @@ def test_token_rows_an_older_store_kept_in_its_catalog_go_to_a_data_file_when_it
         assert list(store.df(q, [rid])["token_text"]) == ["a", "b", "c"]
     finally:
         store.close()
+
+
+def test_prepare_makes_the_mirror_before_any_read_and_close_waits_for_it(shared):
+    """A served studio's store: its mirror made on a thread while the server starts (``Store.prepare``),
+    so the first page's read finds it; a store closed meanwhile leaves no mirror behind."""
+    store = Store.open(shared)
+    try:
+        store.prepare()
+        made = "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'mirror' AND table_name = 'rollouts'"
+        deadline = time.time() + 60
+        while not store.cursor().execute(made).fetchall()[0][0] and time.time() < deadline:
+            time.sleep(0.05)
+        assert store.cursor().execute(made).fetchall()[0][0] == 1  # no read asked for it
+        assert store.scalar("SELECT count(*) FROM rollouts") > 0
+    finally:
+        store.close()
+    mine = f"{mirror.PREFIX}{os.getpid()}-*"
+    early = Store.open(shared)
+    early.prepare()
+    early.close()  # while the mirror may still be being made: waits for it, then removes it
+    assert not list(Path(tempfile.gettempdir()).glob(mine))

@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None, prog: str = "launch.py") -> int:
     except StoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    store.prepare()  # a shared store's mirror made while the server starts, not on the first page
     if args.api_key:  # workers inherit it; it is never written to the store or the page
         os.environ["ROLLOUT_STUDIO_API_KEY"] = args.api_key
     try:
