@@ -15,8 +15,9 @@ Before each read :meth:`Mirror.current` compares the catalog's latest snapshot w
 mirror's and applies what the snapshots between say changed (``ducklake_snapshot_changes``):
 the rows inserted since (``ducklake_table_insertions``); where rows were deleted or updated
 (``ducklake_table_deletions``), the rows of those rollouts (runs, pairs, ...) replaced by the
-lake's; everything copied again where a table was created, altered or dropped (a migration). Reads wait while one thread applies a commit (an import of 400,000 rollouts: about
-3 s), so a read never sees a snapshot older than one committed before it began. Where the
+lake's; everything copied again where a table was created, altered or dropped (a migration).
+Reads wait while one thread applies a commit (an import of 400,000 rollouts: about 3 s), so a
+read never sees a snapshot older than one committed before it began. Where the
 catalog is a SQLite file the check is two file stats (the catalog is asked through DuckDB only
 when they changed); a PostgreSQL catalog is asked at most every :data:`PG_CHECK_S` seconds, and
 at once after this process's own commit (:meth:`Mirror.stale`).
