@@ -2,6 +2,7 @@
 another OS process is seen by the next read (rows inserted, updated, deleted, a column added), a
 process sees its own writes at once, the per-token tables are read in the lake, and the mirror's
 local file goes when the store closes."""
+import json
 import os
 import tempfile
 import time
@@ -29,6 +30,20 @@ def both(shared):
     yield store, plain
     store.close()
     plain.close()
+
+
+def commit_elsewhere(shared, *statements: str | tuple[str, list]) -> None:
+    """Run ``statements`` (SQL, or SQL and its parameters) in one transaction of another OS process."""
+    listed = [[st, []] if isinstance(st, str) else list(st) for st in statements]
+    run_py("""
+        import json, sys
+        from studio.store import Store
+        s = Store.open(sys.argv[1], mirror=False)
+        with s.transaction() as cur:
+            for sql, params in json.loads(sys.argv[2]):
+                cur.execute(sql, params)
+        s.close()
+    """, str(shared), json.dumps(listed))
 
 
 def mirror_file(store: Store) -> str | None:
@@ -61,15 +76,8 @@ def test_every_commit_of_another_process_reaches_the_next_read(shared):
         assert reader.scalar("SELECT count(*) FROM rollouts") == rollouts - group["n"]
 
         # a schema change (as a newer studio's migration makes): the next read has the new column
-        run_py("""
-            import sys
-            from studio.store import Store
-            s = Store.open(sys.argv[1], mirror=False)
-            with s.transaction() as cur:
-                cur.execute("ALTER TABLE prompts ADD COLUMN reviewed_by VARCHAR")
-                cur.execute("UPDATE prompts SET reviewed_by = 'ana'")
-            s.close()
-        """, str(shared))
+        commit_elsewhere(shared, "ALTER TABLE prompts ADD COLUMN reviewed_by VARCHAR",
+                         "UPDATE prompts SET reviewed_by = 'ana'")
         assert set(reader.df("SELECT DISTINCT reviewed_by FROM prompts")["reviewed_by"]) == {"ana"}
         assert reader.scalar("SELECT count(*) FROM rollouts") == rollouts - group["n"]
     finally:
@@ -133,14 +141,7 @@ def test_token_rows_are_read_from_their_data_files_while_those_are_the_whole_tab
     assert len(direct) > 0
 
     # another process changes a token row (DuckLake writes a delete file): the lake reads them again
-    run_py("""
-        import sys
-        from studio.store import Store
-        s = Store.open(sys.argv[1], mirror=False)
-        with s.transaction() as cur:
-            cur.execute("UPDATE token_rows SET logprob = -9 WHERE rollout_id = ? AND pos = 0", [sys.argv[2]])
-        s.close()
-    """, str(shared), rid)
+    commit_elsewhere(shared, ("UPDATE token_rows SET logprob = -9 WHERE rollout_id = ? AND pos = 0", [rid]))
     assert store.tokens_between(rid, rid) == "tokens"
     assert store.scalar("SELECT logprob FROM tokens WHERE rollout_id = ? AND pos = 0", [rid]) == -9
     assert queries_tokens(store, rid)["logprob"].iloc[0] == -9
@@ -152,15 +153,8 @@ def test_token_files_written_before_a_column_was_added_are_read_in_the_lake(shar
     store, plain = both
     rid = store.scalar("SELECT min(rollout_id) FROM rollouts")
     assert "read_parquet" in store.tokens_between(rid, rid)
-    run_py("""
-        import sys
-        from studio.store import Store
-        s = Store.open(sys.argv[1], mirror=False)
-        with s.transaction() as cur:
-            cur.execute("ALTER TABLE token_rows DROP COLUMN train_rank")
-            cur.execute("ALTER TABLE token_rows ADD COLUMN train_rank INTEGER DEFAULT 3")
-        s.close()
-    """, str(shared))
+    commit_elsewhere(shared, "ALTER TABLE token_rows DROP COLUMN train_rank",
+                     "ALTER TABLE token_rows ADD COLUMN train_rank INTEGER DEFAULT 3")
     assert store.tokens_between(rid, rid) == "tokens"
     q = "SELECT DISTINCT train_rank FROM tokens WHERE rollout_id = ?"
     assert list(store.df(q, [rid])["train_rank"]) == [3] == list(plain.df(q, [rid])["train_rank"])
@@ -218,15 +212,8 @@ def test_rows_updated_or_deleted_elsewhere_are_replaced_in_the_mirror_as_in_the_
     assert_mirror_reads_as_the_lake(store, plain)
     assert store.scalar("SELECT count(*) FROM rewards WHERE rollout_id = ?", [ids[1]]) == 0
     assert store.scalar("SELECT count(*) FROM runs WHERE run_id = 'run_brief'") == 0
-    run_py("""
-        import sys
-        from studio.store import Store
-        s = Store.open(sys.argv[1], mirror=False)
-        with s.transaction() as cur:
-            cur.execute("UPDATE rollouts SET answer = 'x' || coalesce(answer, '')")  # every row: copied again
-            cur.execute("UPDATE metrics SET value = value * 2")
-        s.close()
-    """, str(shared))
+    commit_elsewhere(shared, "UPDATE rollouts SET answer = 'x' || coalesce(answer, '')",  # every row: copied again
+                     "UPDATE metrics SET value = value * 2")
     assert_mirror_reads_as_the_lake(store, plain)
     assert store.scalar("SELECT count(*) FROM rollouts WHERE NOT starts_with(answer, 'x')") == 0
 
