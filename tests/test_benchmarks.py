@@ -51,7 +51,8 @@ FIGURES = {
                     "filtered_page_reward_range_ms_median", "group_ms_median", "ingest_rows_per_s",
                     "filtered_page_ms_correct_all_runs", "filtered_page_ms_reward_all_runs"},
     "bench_shared": {"shared_open_first_read_s", "shared_rollout_tokens_ms_median", "shared_filtered_page_ms_median",
-                     "shared_group_ms_median", "shared_store_concurrent_ops", "shared_store_concurrent_ops_errors"},
+                     "shared_group_ms_median", "shared_read_after_update_ms_median", "shared_store_concurrent_ops",
+                     "shared_store_concurrent_ops_errors"},
     "bench_tabs": {"tab_open_s_max", "tab_open_growth"},
 }
 BROWSER = {"bench_fork", "bench_launch", "bench_tabs"}  # these drive Debian's Chromium (tests/ui/harness.py)
