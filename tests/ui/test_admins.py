@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from .harness import Server, text
+from .harness import Server, open_row, text
 
 pytestmark = pytest.mark.ui
 
@@ -34,8 +34,7 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     ctx, alice = sign_in(browser, auth_server, "alice", "alice-pass")
     alice.wait_for_selector(".tabulator-row", timeout=60_000)
     assert alice.locator(".generate-button button").count() == 1
-    alice.locator(".tabulator-row").nth(0).click()
-    alice.wait_for_selector(".token-strip .tok", timeout=20_000)
+    open_row(alice, 0)  # (the strip of the clicked row: a token picked on the one before is redrawn away)
     alice.locator(".token-strip .tok").nth(3).click()
     # the first fork panel of the run waits on the worker and the policy's tokenizer, loaded cold in a fresh
     # CI environment: a minute was once not enough there (a bound on the wait, not a timing)
@@ -46,8 +45,7 @@ def test_admin_gets_generate_and_others_browse_only(browser, auth_server):
     bob.wait_for_selector(".tabulator-row", timeout=60_000)
     assert bob.locator(".generate-button button").count() == 0
     assert "Signed in as bob: browsing only" in text(bob.locator(".browse-only"))
-    bob.locator(".tabulator-row").nth(0).click()  # browsing still works
-    bob.wait_for_selector(".token-strip .tok", timeout=20_000)
+    open_row(bob, 0)  # browsing still works
     bob.locator(".token-strip .tok").nth(3).click()  # picking a token shows no branch form to bob
     bob.wait_for_selector("text=Browsing only: branching runs the policy", timeout=60_000)
     assert bob.locator(".branch-button button").count() == 0
